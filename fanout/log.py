@@ -1,0 +1,55 @@
+"""Logging setup: structlog, JSON in production, console in development.
+
+Every module does ``log = structlog.get_logger(__name__)`` and logs events with keyword fields;
+``configure()`` is called once by the entry point (CLI, actor constructor, test session).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+_configured = False
+
+
+def configure(*, json: bool | None = None, level: str | None = None) -> None:
+    """Configure structlog and stdlib logging once per process.
+
+    Args:
+        json: JSON lines (production) instead of console rendering. Defaults to the
+            ``FANOUT_LOG_JSON`` environment variable, else False when stderr is a TTY.
+        level: log level name; defaults to ``FANOUT_LOG_LEVEL`` or ``info``.
+    """
+    global _configured
+    if json is None:
+        env = os.environ.get("FANOUT_LOG_JSON")
+        json = (env.lower() in ("1", "true", "yes")) if env else not sys.stderr.isatty()
+    level_name = (level or os.environ.get("FANOUT_LOG_LEVEL") or "info").upper()
+    numeric = getattr(logging, level_name, None)
+    if not isinstance(numeric, int):
+        raise ValueError(f"log level {level_name!r} is not one of debug, info, warning, error")
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    _configured = True
+
+
+def ensure_configured() -> None:
+    """Configure with defaults unless an entry point already did."""
+    if not _configured:
+        configure()
