@@ -59,7 +59,7 @@ def _parse(value: str | int | float, table: dict[str, int], default_unit: str, w
 
 def format_duration_ms(ms: int) -> str:
     """Inverse of parse_duration_ms for display: the largest unit that divides exactly."""
-    for unit in ("w", "d", "h", "m", "s"):
+    for unit in ("d", "h", "m", "s"):
         factor = _DURATION_MS[unit]
         if ms and ms % factor == 0:
             return f"{ms // factor}{unit}"

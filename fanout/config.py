@@ -1,0 +1,384 @@
+"""Cluster configuration: one TOML file, every key optional, env overrides, validated at start.
+
+Strategy: a declarative schema (section -> key -> ``Field``) drives parsing, env overrides
+(``FANOUT_<SECTION>_<KEY>``), defaults and the ``fanout config show`` output, so adding a key is one
+line. Human units (``20s``, ``1MiB``) are parsed once here into integers whose attribute names carry
+the unit (``sys_interval_ms``); the rest of the code never sees strings. Any unknown section or key,
+or a bad value, raises ``ConfigError`` naming it (``mqtt.port: ...``) so start-up stops with a
+message the operator can act on.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from fanout.units import UnitError, format_duration_ms, format_size_bytes, parse_duration_ms, parse_size_bytes
+
+ROLES = ("platform", "vehicle", "client", "admin")
+ACL_ACTIONS = ("publish", "subscribe")
+
+
+class ConfigError(ValueError):
+    """A config file, key or value that cannot be used; the message names it."""
+
+
+# ---------------------------------------------------------------------------------------------
+# value parsers: each takes the raw TOML/env value and returns the typed value or raises ValueError
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer, got {v!r}")
+        if lo is not None and v < lo:
+            raise ValueError(f"must be >= {lo}, got {v}")
+        if hi is not None and v > hi:
+            raise ValueError(f"must be <= {hi}, got {v}")
+        return v
+
+    return parse
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return v.lower() in ("1", "true", "yes", "on")
+    raise ValueError(f"expected true or false, got {v!r}")
+
+
+def _str(choices: tuple[str, ...] | None = None, nonempty: bool = True) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if not isinstance(v, str):
+            raise ValueError(f"expected a string, got {v!r}")
+        if nonempty and not v:
+            raise ValueError("must not be empty")
+        if choices is not None and v not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    return parse
+
+
+def _duration(lo_ms: int = 0) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        try:
+            ms = parse_duration_ms(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        if ms < lo_ms:
+            raise ValueError(f"must be at least {format_duration_ms(lo_ms)}, got {v!r}")
+        return ms
+
+    return parse
+
+
+def _size(lo: int = 0) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        try:
+            n = parse_size_bytes(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        if n < lo:
+            raise ValueError(f"must be at least {format_size_bytes(lo)}, got {v!r}")
+        return n
+
+    return parse
+
+
+def _topic_prefix(v: Any) -> str:
+    s = _str()(v)
+    if "{VIN}" not in s:
+        raise ValueError(f"must contain the placeholder {{VIN}}, got {s!r}")
+    if any(c in s for c in "+#\x00") or s.startswith("/") or s.endswith("/"):
+        raise ValueError(f"must be a topic name without wildcards or leading/trailing '/', got {s!r}")
+    return s
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One config key: its attribute name (with unit suffix), default (in TOML form) and parser."""
+
+    attr: str
+    default: Any
+    parse: Callable[[Any], Any]
+    doc: str = ""
+
+
+SCHEMA: dict[str, dict[str, Field]] = {
+    "mqtt": {
+        "host": Field("host", "127.0.0.1", _str(), "listener address"),
+        "port": Field("port", 1883, _int(0, 65535), "listener port (0 = any free port)"),
+        "anonymous_role": Field("anonymous_role", "client", _str(ROLES + ("none",)), "role of clients without username ('none' refuses them)"),
+        "max_packet_size": Field("max_packet_size_bytes", "1MiB", _size(64), "largest packet accepted; larger closes the connection"),
+        "sys_interval": Field("sys_interval_ms", "10s", _duration(0), "$SYS publish interval (0 = off)"),
+        "connect_timeout": Field("connect_timeout_ms", "10s", _duration(100), "drop a connection that sends no CONNECT within this"),
+        "max_offline_messages": Field("max_offline_messages", 1000, _int(0), "per-session offline queue bound"),
+        "offline_drop": Field("offline_drop", "oldest", _str(("oldest", "newest")), "which message a full offline queue drops (counted and logged)"),
+        "max_inflight": Field("max_inflight", 32, _int(1, 65535), "unacked outbound QoS 1/2 messages per session before queueing"),
+        "max_sessions": Field("max_sessions", 2_000_000, _int(1), "persistent sessions kept"),
+        "session_expiry": Field("session_expiry_ms", "2h", _duration(0), "drop a disconnected persistent session after this (0 = never)"),
+        "takeover_window": Field("takeover_window_ms", "10s", _duration(0), "window for counting takeovers of one client id"),
+        "takeover_limit": Field("takeover_limit", 10, _int(1), "takeovers of one client id per window before connects are throttled"),
+        "max_connections": Field("max_connections", 1_000_000, _int(1), "concurrent connections per node"),
+        "dev_platform_login": Field("dev_platform_login", True, _bool, "platform/platform login on loopback when no users are configured"),
+    },
+    "fanout": {
+        "topic_prefix": Field("topic_prefix", "agent/{VIN}/proxy/request", _topic_prefix, "delivery topic is <prefix>/<request_id>"),
+        "dispatchers": Field("dispatchers", 0, _int(0, 4096), "dispatcher pool size (0 = one per CPU)"),
+        "replicas": Field("replicas", 1, _int(0, 16), "store replicas per shard"),
+        "min_replicas_to_ack": Field("min_replicas_to_ack", -1, _int(-1, 16), "replicas that must ack a write (-1 = 1 on multi-node, 0 on one machine)"),
+        "data_retention": Field("data_retention_ms", "7d", _duration(1000), "blobs and queued rows older than this are garbage"),
+        "gc_interval": Field("gc_interval_ms", "1h", _duration(0), "export + Spark GC period (0 = never)"),
+        "max_batch": Field("max_batch", 1_000_000, _int(1, 10_000_000), "most VINs in one trigger"),
+        "max_blob_size": Field("max_blob_size_bytes", "1MiB", _size(1), "largest data blob"),
+        "failover_timeout": Field("failover_timeout_ms", "3s", _duration(100), "a primary silent this long is replaced"),
+        "tick": Field("tick_ms", "2ms", _duration(0), "dispatcher batching tick"),
+    },
+    "storage": {
+        "data_dir": Field("data_dir", "./var", _str(), "root of the LMDB shard directories"),
+        "map_size": Field("map_size_bytes", "256MiB", _size(1 << 16), "initial LMDB map size per shard (grows on demand)"),
+        "max_map_size": Field("max_map_size_bytes", "64GiB", _size(1 << 16), "LMDB map size ceiling per shard"),
+        "sync": Field("sync", True, _bool, "fsync each commit (durability of acknowledged writes)"),
+        "replication_log": Field("replication_log_entries", 10_000, _int(16), "batches kept for replica catch-up"),
+    },
+    "gc": {
+        "spark_master": Field("spark_master", "local[2]", _str(), "Spark master URL"),
+        "dedup_content": Field("dedup_content", False, _bool, "repoint rows of identical blobs to one data id"),
+        "export_dir": Field("export_dir", "", _str(nonempty=False), "snapshot export directory (default <data_dir>/export)"),
+    },
+    "log": {
+        "json": Field("json", False, _bool, "JSON log lines (production) instead of console"),
+        "level": Field("level", "info", _str(("debug", "info", "warning", "error")), "log level"),
+    },
+    "cluster": {
+        "address": Field("address", "local", _str(), "Ray address: local, auto or HOST:PORT"),
+        "num_cpus": Field("num_cpus", 0, _int(0), "CPUs for a local Ray instance (0 = all)"),
+        "object_store_memory": Field("object_store_memory_bytes", "256MiB", _size(78 << 20), "object store of a local Ray instance"),
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    name: str
+    password_hash: str
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class AclRule:
+    """One extra ACL rule: first matching rule wins, before the role's built-in rules."""
+
+    action: str
+    topic: str
+    allow: bool
+    role: str | None = None
+    user: str | None = None
+
+
+class Section:
+    """Attribute access over one parsed section (``cfg.mqtt.port``)."""
+
+    __slots__ = ("_name", "_values")
+
+    def __init__(self, name: str, values: dict[str, Any]) -> None:
+        self._name = name
+        self._values = values
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self._values[attr]
+        except KeyError:
+            raise AttributeError(f"config section [{self._name}] has no attribute {attr!r}") from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+@dataclass(frozen=True)
+class Config:
+    mqtt: Section
+    fanout: Section
+    storage: Section
+    gc: Section
+    log: Section
+    cluster: Section
+    users: dict[str, UserConfig] = field(default_factory=dict)
+    acl: tuple[AclRule, ...] = ()
+    source: str | None = None
+
+    def replace(self, section: str, **values: Any) -> "Config":
+        """A copy with some keys of one section set (values in TOML form, validated)."""
+        raw = {s: {k: v for k, v in getattr(self, s).as_dict().items()} for s in SCHEMA}
+        sec = getattr(self, section)
+        merged = sec.as_dict()
+        for key, value in values.items():
+            f = SCHEMA[section].get(key)
+            if f is None:
+                raise ConfigError(f"{section}.{key}: unknown key")
+            merged[f.attr] = _parse_field(section, key, f, value)
+        raw[section] = merged
+        kwargs = {s: Section(s, raw[s]) for s in SCHEMA}
+        return Config(**kwargs, users=self.users, acl=self.acl, source=self.source)
+
+    def to_toml_dict(self) -> dict[str, Any]:
+        """The effective configuration in TOML form (for ``fanout config show``); hashes are masked."""
+        out: dict[str, Any] = {}
+        for section, keys in SCHEMA.items():
+            values = getattr(self, section).as_dict()
+            out[section] = {key: _display(f, values[f.attr]) for key, f in keys.items()}
+        out["users"] = {u.name: {"password_hash": "***", "role": u.role} for u in self.users.values()}
+        out["acl"] = [
+            {k: v for k, v in (("action", r.action), ("topic", r.topic), ("allow", r.allow), ("role", r.role), ("user", r.user)) if v is not None}
+            for r in self.acl
+        ]
+        return out
+
+
+def _display(f: Field, value: Any) -> Any:
+    if f.attr.endswith("_ms"):
+        return format_duration_ms(value)
+    if f.attr.endswith("_bytes"):
+        return format_size_bytes(value)
+    return value
+
+
+def _parse_field(section: str, key: str, f: Field, value: Any) -> Any:
+    try:
+        return f.parse(value)
+    except ValueError as exc:
+        raise ConfigError(f"{section}.{key}: {exc}") from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Load, merge and validate the configuration.
+
+    Precedence: defaults < TOML file < ``FANOUT_<SECTION>_<KEY>`` environment < ``overrides``
+    (command-line flags).
+
+    Args:
+        path: TOML file, or None for defaults only.
+        env: environment to read overrides from (defaults to ``os.environ``).
+        overrides: ``{"mqtt": {"port": 1884}}``-shaped values from the command line.
+
+    Returns:
+        The validated Config.
+
+    Raises:
+        ConfigError: unreadable file, invalid TOML, unknown section or key, bad value; the
+            message names the section and key.
+    """
+    raw: dict[str, Any] = {}
+    source = None
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc}") from None
+        source = str(p)
+    unknown = set(raw) - set(SCHEMA) - {"users", "acl"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (known: {', '.join([*SCHEMA, 'users', 'acl'])})")
+
+    sections: dict[str, Section] = {}
+    env = os.environ if env is None else env
+    for section, keys in SCHEMA.items():
+        given = raw.get(section, {})
+        if not isinstance(given, dict):
+            raise ConfigError(f"{section}: must be a table")
+        for key in given:
+            if key not in keys:
+                raise ConfigError(f"{section}.{key}: unknown key (known: {', '.join(keys)})")
+        values: dict[str, Any] = {}
+        for key, f in keys.items():
+            value = given.get(key, f.default)
+            env_name = f"FANOUT_{section.upper()}_{key.upper()}"
+            if env_name in env:
+                value = env[env_name]
+            if overrides and key in overrides.get(section, {}) and overrides[section][key] is not None:
+                value = overrides[section][key]
+            values[f.attr] = _parse_field(section, key, f, value)
+        sections[section] = Section(section, values)
+    for section in (overrides or {}):
+        if section not in SCHEMA:
+            raise ConfigError(f"{section}: unknown section")
+    return Config(**sections, users=_parse_users(raw.get("users", {})), acl=_parse_acl(raw.get("acl", [])), source=source)
+
+
+def _parse_users(raw: Any) -> dict[str, UserConfig]:
+    if not isinstance(raw, dict):
+        raise ConfigError("users: must be a table of [users.<name>] tables")
+    users = {}
+    for name, spec in raw.items():
+        where = f"users.{name}"
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}: must be a table with password_hash and role")
+        extra = set(spec) - {"password_hash", "role"}
+        if extra:
+            raise ConfigError(f"{where}.{sorted(extra)[0]}: unknown key (known: password_hash, role)")
+        if "password_hash" not in spec:
+            raise ConfigError(f"{where}.password_hash: missing (create one with `fanout passwd`)")
+        pw = spec["password_hash"]
+        if not isinstance(pw, str) or not pw.startswith("pbkdf2_sha256$"):
+            raise ConfigError(f"{where}.password_hash: not a hash made by `fanout passwd`")
+        role = spec.get("role", "client")
+        if role not in ROLES:
+            raise ConfigError(f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}")
+        users[name] = UserConfig(name, pw, role)
+    return users
+
+
+def _parse_acl(raw: Any) -> tuple[AclRule, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("acl: must be an array of [[acl]] tables")
+    rules = []
+    for i, spec in enumerate(raw):
+        where = f"acl[{i}]"
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}: must be a table")
+        extra = set(spec) - {"action", "topic", "allow", "role", "user"}
+        if extra:
+            raise ConfigError(f"{where}.{sorted(extra)[0]}: unknown key (known: action, topic, allow, role, user)")
+        for key in ("action", "topic", "allow"):
+            if key not in spec:
+                raise ConfigError(f"{where}.{key}: missing")
+        action = spec["action"]
+        if action not in ACL_ACTIONS:
+            raise ConfigError(f"{where}.action: must be publish or subscribe, got {action!r}")
+        topic = spec["topic"]
+        if not isinstance(topic, str) or not topic:
+            raise ConfigError(f"{where}.topic: must be a non-empty topic filter")
+        if not isinstance(spec["allow"], bool):
+            raise ConfigError(f"{where}.allow: must be true or false")
+        role = spec.get("role")
+        if role is not None and role not in ROLES:
+            raise ConfigError(f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}")
+        user = spec.get("user")
+        if user is not None and not isinstance(user, str):
+            raise ConfigError(f"{where}.user: must be a string")
+        rules.append(AclRule(action, topic, spec["allow"], role, user))
+    return tuple(rules)
+
+
+def config_fields_doc() -> list[tuple[str, str, Any, str]]:
+    """(section, key, default, doc) rows for documentation."""
+    return [(s, k, f.default, f.doc) for s, keys in SCHEMA.items() for k, f in keys.items()]
+
+
+__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "ROLES", "SCHEMA"]
