@@ -1,0 +1,58 @@
+"""Session-wide fixtures shared by every test layer.
+
+Heavy runtimes start at most once per session and only when a test asks for them:
+- ``ray_local``: one local Ray instance (``address="local"``, pinned CPUs, small object store) with the
+  ``fanout_node`` resource, shut down at session end.
+- ``spark``: one local SparkSession (loopback, no UI, two shuffle partitions), stopped at session end.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("FANOUT_LOG_JSON", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100 * 1024 * 1024,
+        resources={"fanout_node": 1},
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sdv-fanout-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
