@@ -1,0 +1,189 @@
+"""Sans-I/O MQTT 3.1.1 codec: :func:`decode`, :class:`PacketReader`, and (re-exported) encoders.
+
+Strategy:
+
+- Dispatch on the whole first byte. ``DECODERS`` has 256 entries; a first byte with a reserved packet
+  type or wrong reserved flags maps to ``None`` and the reason sits in ``FIRST_BYTE_ERRORS``, so flag checks
+  (MQTT-2.2.2-1/2, MQTT-3.3.1-2/4, MQTT-3.6.1-1, MQTT-3.8.1-1, MQTT-3.10.1-1) cost one list index and
+  a bad first byte is refused before the rest of the packet arrives.
+- Decoders work on ``bytes`` by offset: ``decoder(buf, first, start, stop)`` reads the body
+  ``buf[start:stop]`` without slicing it first, checks every read against ``stop`` (the buffer may hold
+  the next packet after it) and requires the body to be consumed exactly. Payloads are one slice of a
+  ``bytes`` object: one copy, already ``bytes``.
+- Decoded packets are built with :func:`fanout.mqtt.packets.unchecked` constructors: the wire checks
+  here replace the constructor checks. PUBACK objects are interned per packet id (immutable values).
+- :class:`PacketReader` decodes every complete packet of a chunk by offset and keeps only the
+  incomplete tail, so many small packets per chunk cost O(n); it remembers how many bytes the next
+  packet needs and does not re-parse until they are there, so a large packet fed byte by byte costs
+  O(n) too. Buffered bytes never exceed ``max_packet_size + 5`` because a header announcing more raises
+  :class:`PacketTooLarge` at once.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .decoder import DECODERS, FIRST_BYTE_ERRORS, FIXED_REMAINING_LENGTH
+from .encoder import (  # noqa: F401 - re-exported API
+    MAX_REMAINING_LENGTH, encode, encode_connack, encode_puback, encode_pubcomp, encode_publish,
+    encode_pubrec, encode_pubrel, encode_suback, encode_unsuback, encode_varint,
+)
+from .errors import MalformedPacket, NeedData, PacketTooLarge, ProtocolError
+from .packets import Packet
+
+_RL_TOO_LONG = "remaining length longer than 4 bytes (section 2.2.3)"
+
+
+def _long_length(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    """Parse a remaining length whose first byte (at ``pos``) has the continuation bit.
+
+    Returns (value, body start), or (-1, -1) when the varint is cut off by ``end``.
+    """
+    value = buf[pos] & 0x7F
+    for i in (1, 2, 3):
+        if pos + i >= end:
+            return -1, -1
+        b = buf[pos + i]
+        value |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            return value, pos + i + 1
+    raise MalformedPacket(_RL_TOO_LONG)
+
+
+def _too_large(rl: int, max_packet_size: int) -> PacketTooLarge:
+    return PacketTooLarge(f"remaining length {rl} exceeds the maximum packet size {max_packet_size}")
+
+
+def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAINING_LENGTH
+           ) -> tuple[Packet, int]:
+    """Decode one packet from the start of ``buf``.
+
+    Args:
+        buf: bytes received; may hold more than one packet.
+        max_packet_size: largest accepted remaining length (variable header + payload).
+
+    Returns:
+        (packet, number of bytes consumed).
+
+    Raises:
+        NeedData: ``buf`` ends before the packet does (including inside the remaining length).
+        PacketTooLarge: the remaining length exceeds ``max_packet_size`` (raised before the body
+            arrives).
+        UnsupportedProtocol: CONNECT with another protocol name or level than MQTT 3.1.1.
+        MalformedPacket: anything else invalid.
+    """
+    end = len(buf)
+    if not end:
+        raise NeedData("empty buffer")
+    first = buf[0]
+    decoder = DECODERS[first]
+    if decoder is None:
+        raise MalformedPacket(FIRST_BYTE_ERRORS[first])
+    if end < 2:
+        raise NeedData("remaining length missing")
+    rl = buf[1]
+    start = 2
+    if rl >= 0x80:
+        rl, start = _long_length(buf, 1, end)
+        if start < 0:
+            raise NeedData("remaining length incomplete")
+    if rl > max_packet_size:
+        raise _too_large(rl, max_packet_size)
+    stop = start + rl
+    if stop > end:
+        fixed = FIXED_REMAINING_LENGTH[first]
+        if fixed >= 0 and rl != fixed:
+            decoder(b"", first, 0, rl)  # raises the length error
+        raise NeedData(f"{stop - end} more bytes needed")
+    if type(buf) is not bytes:
+        # Decoders slice bytes; copy only this packet, once.
+        buf = bytes(memoryview(buf)[:stop])
+    return decoder(buf, first, start, stop), stop
+
+
+class PacketReader:
+    """Incremental decoder over a byte stream (one per connection and direction).
+
+    After a :class:`ProtocolError` the reader is dead: every later :meth:`feed` raises again.
+    """
+
+    __slots__ = ("_buf", "_need", "_max", "_error")
+
+    def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH) -> None:
+        """Args:
+            max_packet_size: largest accepted remaining length (variable header + payload).
+        """
+        self._buf = bytearray()
+        self._need = 1  # buffered bytes needed before parsing can make progress
+        self._max = max_packet_size
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet decoded (an incomplete packet)."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+        """Add received bytes and return every packet they complete.
+
+        Args:
+            data: the next bytes of the stream, any split.
+
+        Returns:
+            Complete packets in stream order (empty when none is complete yet).
+
+        Raises:
+            ProtocolError: a subclass for the first invalid packet; its ``packets`` attribute holds
+                the packets decoded from this chunk before it. The reader is unusable afterwards.
+        """
+        if self._error is not None:
+            raise type(self._error)(f"reader already failed: {self._error.reason}")
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return []
+            data = bytes(buf)
+            buf.clear()
+        elif type(data) is not bytes:
+            data = bytes(data)
+        out: list[Packet] = []
+        pos = 0
+        end = len(data)
+        decoders = DECODERS
+        max_size = self._max
+        try:
+            while pos < end:
+                first = data[pos]
+                decoder = decoders[first]
+                if decoder is None:
+                    raise MalformedPacket(FIRST_BYTE_ERRORS[first])
+                if pos + 1 == end:
+                    self._need = 2
+                    break
+                rl = data[pos + 1]
+                start = pos + 2
+                if rl >= 0x80:
+                    rl, start = _long_length(data, pos + 1, end)
+                    if start < 0:
+                        self._need = end - pos + 1
+                        break
+                if rl > max_size:
+                    raise _too_large(rl, max_size)
+                stop = start + rl
+                if stop > end:
+                    fixed = FIXED_REMAINING_LENGTH[first]
+                    if fixed >= 0 and rl != fixed:
+                        decoder(b"", first, 0, rl)  # raises the length error
+                    self._need = stop - pos
+                    break
+                out.append(decoder(data, first, start, stop))
+                pos = stop
+            else:
+                self._need = 1
+        except ProtocolError as exc:
+            exc.packets = out
+            self._error = exc
+            raise
+        if pos < end:
+            buf += memoryview(data)[pos:]
+        return out
