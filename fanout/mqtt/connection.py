@@ -1,0 +1,195 @@
+"""Sans-I/O state of one MQTT network connection (server side).
+
+Strategy (after h11's ``Connection``): bytes go in through :meth:`Connection.receive_data`, which
+returns the complete packets they finish and enforces the connection-level packet order; bytes for the
+peer come out of :meth:`Connection.send`. Nothing here touches a socket, a clock or the broker's
+registries; the broker owns those and keeps per-connection bookkeeping in the slots below, so one small
+slotted object (plus the reader) is all an idle connection costs.
+
+States::
+
+    CONNECTING --CONNACK 0--> CONNECTED --close--> CLOSED
+        |  \\--CONNACK != 0--> CLOSED
+        \\-- ProtocolError (either state) --> ERROR
+
+Rules enforced by :meth:`receive_data` (a violation raises :class:`ProtocolError`, moves to ERROR and
+the packets before the offending one stay available in ``exc.packets``):
+
+- the first packet must be CONNECT (MQTT-3.1.0-1);
+- a second CONNECT is a protocol violation (MQTT-3.1.0-2);
+- buffered bytes of an incomplete packet never exceed the reader's ``max_packet_size + 5``, because a
+  header announcing more raises :class:`PacketTooLarge` before its body is buffered.
+
+Bytes received after CLOSED/ERROR are ignored.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+from .codec import PacketReader, encode
+from .errors import ProtocolError
+from .packets import Connack, Connect, Packet
+
+
+class ConnState(IntEnum):
+    """Connection states; CLOSED and ERROR compare greater than the live ones."""
+
+    CONNECTING = 0
+    CONNECTED = 1
+    CLOSED = 2
+    ERROR = 3
+
+
+CONNECTING = ConnState.CONNECTING
+CONNECTED = ConnState.CONNECTED
+CLOSED = ConnState.CLOSED
+ERROR = ConnState.ERROR
+
+
+class Connection:
+    """One network connection as the broker sees it.
+
+    Args:
+        max_packet_size: largest accepted remaining length; bigger packets raise PacketTooLarge.
+        now_ms: creation time (for the connect timeout).
+        peer: peer address for logs (opaque).
+
+    Attributes the broker maintains (public slots, no behaviour):
+        client_id, session, principal, will, generation: set on an accepted CONNECT.
+        keepalive_ms: 1.5 x the CONNECT keep alive in ms (0 = none), MQTT-3.1.2-24.
+        last_rx_ms: time of the last received bytes; created_ms: time of creation.
+        out: encoded packets waiting to be written (joined and flushed once per loop iteration).
+        transport: the adapter's handle (opaque to the core).
+        close_reason: why the broker closed it (set with the state).
+        wheel_slot: deadline-wheel bucket the connection is scheduled in (see :mod:`deadlines`).
+        acl_cache: per-connection publish decisions by topic (created on first publish).
+        held: packets received while an authentication runs (CONNECT accepted later), or None.
+        pending_ingest: packet ids of intercepted publishes awaiting complete/reject, or None.
+        write_paused: the transport asked to stop writing (QoS 0 to this connection is dropped).
+    """
+
+    __slots__ = (
+        "reader", "state", "connect_seen", "client_id", "session", "principal", "will", "generation",
+        "keepalive_ms", "last_rx_ms", "created_ms", "out", "transport", "peer", "close_reason",
+        "wheel_slot", "acl_cache", "held", "pending_ingest", "write_paused",
+    )
+
+    def __init__(self, max_packet_size: int, now_ms: int = 0, peer: Any = None) -> None:
+        self.reader = PacketReader(max_packet_size)
+        self.state = CONNECTING
+        self.connect_seen = False
+        self.client_id: str | None = None
+        self.session: Any = None
+        self.principal: Any = None
+        self.will: Any = None
+        self.generation = 0
+        self.keepalive_ms = 0
+        self.last_rx_ms = now_ms
+        self.created_ms = now_ms
+        self.out: list[bytes] = []
+        self.transport: Any = None
+        self.peer = peer
+        self.close_reason: str | None = None
+        self.wheel_slot = -1
+        self.acl_cache: dict[str, bool] | None = None
+        self.held: list[Packet] | None = None
+        self.pending_ingest: set[int] | None = None
+        self.write_paused = False
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.client_id!r} {self.state.name} peer={self.peer!r}>"
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete packet held by the reader."""
+        return self.reader.buffered
+
+    def receive_data(self, data: bytes) -> list[Packet]:
+        """Feed received bytes; return the complete packets, in order.
+
+        Args:
+            data: the next chunk of the byte stream (any split).
+
+        Returns:
+            Packets completed by ``data`` (possibly none). Empty once CLOSED or ERROR.
+
+        Raises:
+            ProtocolError: malformed or oversize packet, a first packet that is not CONNECT, or a second
+                CONNECT. ``exc.packets`` holds the valid packets before it; the state is ERROR.
+        """
+        if self.state >= CLOSED:
+            return []
+        try:
+            packets = self.reader.feed(data)
+        except ProtocolError as exc:
+            self.state = ERROR
+            try:
+                self._check_order(exc.packets)
+            except ProtocolError as order_exc:
+                raise order_exc from exc
+            raise
+        if self.connect_seen:
+            for p in packets:
+                if p.__class__ is Connect:
+                    self._check_order(packets)  # raises
+        elif packets:
+            self._check_order(packets)
+        return packets
+
+    def _check_order(self, packets: list[Packet]) -> None:
+        for i, p in enumerate(packets):
+            if p.__class__ is Connect:
+                if self.connect_seen:
+                    self._violation(packets, i, "second CONNECT on one connection (MQTT-3.1.0-2)")
+                self.connect_seen = True
+            elif not self.connect_seen:
+                self._violation(packets, i, f"first packet is {type(p).__name__}, not CONNECT (MQTT-3.1.0-1)")
+
+    def _violation(self, packets: list[Packet], i: int, reason: str) -> None:
+        self.state = ERROR
+        exc = ProtocolError(reason)
+        exc.packets = packets[:i]
+        raise exc
+
+    def send(self, packet: Packet) -> bytes:
+        """Encode ``packet`` for the peer and apply its state change.
+
+        A CONNACK with return code 0 moves CONNECTING to CONNECTED; any other CONNACK moves to CLOSED
+        (the server closes after a refusal, MQTT-3.2.2-5).
+
+        Args:
+            packet: a server-to-client packet.
+
+        Returns:
+            The encoded bytes (the caller queues them).
+
+        Raises:
+            ProtocolError: sending on a CLOSED/ERROR connection, or a CONNACK when not CONNECTING.
+        """
+        if self.state >= CLOSED:
+            raise ProtocolError(f"cannot send {type(packet).__name__} on a {self.state.name} connection")
+        if packet.__class__ is Connack:
+            if self.state is not CONNECTING:
+                raise ProtocolError("CONNACK sent twice")
+            self.state = CONNECTED if packet.return_code == 0 else CLOSED  # type: ignore[union-attr]
+        return encode(packet)
+
+    def close(self, reason: str, *, error: bool = False) -> bool:
+        """Record that the owner closes this connection.
+
+        Moves a live connection to CLOSED (ERROR when ``error``); an ERROR set by
+        :meth:`receive_data` stays. ``close_reason`` marks the close as handled.
+
+        Returns:
+            True the first time (the caller must do its close bookkeeping), False afterwards.
+        """
+        if self.close_reason is not None:
+            return False
+        self.close_reason = reason
+        if self.state < CLOSED:
+            self.state = ERROR if error else CLOSED
+        return True
+
+
+__all__ = ["Connection", "ConnState", "CONNECTING", "CONNECTED", "CLOSED", "ERROR"]

@@ -1,0 +1,67 @@
+"""Retained messages: one per topic name, replayed to new subscriptions.
+
+Strategy: a dict from topic name to ``(payload, qos)``. A PUBLISH with RETAIN=1 replaces the topic's
+message; an empty payload removes it (MQTT-3.3.1-10/11); RETAIN=1 with QoS 0 is stored like any other
+(MQTT-3.3.1-7 allows discarding it later, this store keeps it). :meth:`RetainedStore.matching` answers a
+filter without wildcards with one lookup and a wildcard filter with a scan over the stored topics, which
+is fine for the few hundred retained topics of this system ($SYS values, wills); a topic tree would be
+the next step if millions of retained topics had to be served.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from .topics import topic_matches
+
+
+class RetainedStore:
+    """Topic name -> (payload, qos) of the last retained message."""
+
+    __slots__ = ("_msgs",)
+
+    def __init__(self) -> None:
+        self._msgs: dict[str, tuple[bytes, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._msgs)
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._msgs
+
+    def get(self, topic: str) -> tuple[bytes, int] | None:
+        """The retained (payload, qos) of ``topic``, or None."""
+        return self._msgs.get(topic)
+
+    def set(self, topic: str, payload: bytes, qos: int) -> None:
+        """Store (or, for an empty payload, clear) the retained message of ``topic``.
+
+        Args:
+            topic: topic name (valid, no wildcards).
+            payload: message; ``b""`` removes the topic's retained message (MQTT-3.3.1-10).
+            qos: the QoS it was published with (replay uses min(this, granted QoS)).
+        """
+        if payload:
+            self._msgs[topic] = (payload, qos)
+        else:
+            self._msgs.pop(topic, None)
+
+    def matching(self, topic_filter: str) -> Iterator[tuple[str, bytes, int]]:
+        """(topic, payload, qos) of every retained message the filter matches, topics in insertion order.
+
+        The ``$`` rule applies: ``#`` and ``+/...`` do not match ``$SYS/...`` (MQTT-4.7.2-1).
+        """
+        if "+" not in topic_filter and "#" not in topic_filter:
+            hit = self._msgs.get(topic_filter)
+            if hit is not None:
+                yield topic_filter, hit[0], hit[1]
+            return
+        for topic, (payload, qos) in list(self._msgs.items()):
+            if topic_matches(topic_filter, topic):
+                yield topic, payload, qos
+
+    def topics(self) -> list[str]:
+        """Every topic with a retained message."""
+        return list(self._msgs)
+
+
+__all__ = ["RetainedStore"]

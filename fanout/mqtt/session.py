@@ -1,0 +1,241 @@
+"""Persistent MQTT session state: everything that must survive a reconnect of one client id.
+
+Strategy: a :class:`Session` is a slotted bag of state with small, allocation-free methods; the broker
+decides *when* to call them and does the encoding and the writing. What lives here (MQTT-3.1.2-4):
+
+- subscriptions: ``subs`` maps topic filter -> granted QoS (the broker mirrors them in its trie);
+- outbound QoS 1/2 messages in flight: ``inflight`` maps packet id -> :class:`OutMsg`, in send order
+  (dict order), bounded by ``limits.max_inflight``. A QoS 2 message moves from state ``SENT`` (awaiting
+  PUBREC) to ``RELEASED`` (PUBREL sent, awaiting PUBCOMP). On resume, ``SENT`` messages are resent with
+  DUP=1 and ``RELEASED`` ones get their PUBREL again (MQTT-4.4.0-1);
+- the queue: QoS 1/2 messages that could not be sent (client offline, or window full), in arrival
+  order, bounded by ``limits.max_queued``; when full, ``limits.drop_oldest`` selects which message is
+  dropped (the oldest queued one, or the new one). Every drop is counted here (``dropped`` and
+  ``dropped_unreported``); the broker counts them globally and logs them, aggregated per sweep;
+- inbound QoS 2: packet ids whose PUBLISH was received (and routed, "method A" of the spec's figure
+  4.3) but whose PUBREL has not arrived, so a DUP resend is not routed twice (MQTT-4.3.3-2).
+
+Containers that most sessions never need (queue, inbound QoS 2 set) are created lazily to keep idle
+sessions small. Packet ids are allocated round-robin skipping ids still in flight (MQTT-2.3.1-2).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterator
+
+# OutMsg states
+SENT = 0  # PUBLISH written, awaiting PUBACK (QoS 1) or PUBREC (QoS 2)
+RELEASED = 1  # QoS 2: PUBREC received and PUBREL written, awaiting PUBCOMP
+
+
+class OutMsg:
+    """One outbound QoS 1/2 application message held by a session (in flight or queued).
+
+    Attributes:
+        topic: topic name.
+        payload: message bytes.
+        qos: delivery QoS (1 or 2), already min(publish QoS, granted QoS).
+        retain: RETAIN flag to send (only set for retained messages replayed on subscribe).
+        tag: opaque value from :meth:`Broker.deliver`, reported back when acknowledged; None otherwise.
+        state: :data:`SENT` or :data:`RELEASED`.
+    """
+
+    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False, tag: Hashable = None) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.tag = tag
+        self.state = SENT
+
+    def __repr__(self) -> str:
+        return f"OutMsg({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, retain={self.retain}, tag={self.tag!r}, state={self.state})"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """Limits shared by every session of one broker (from ``[mqtt]`` config).
+
+    Attributes:
+        max_inflight: unacknowledged outbound QoS 1/2 messages per session (``mqtt.max_inflight``).
+        max_queued: queued messages per session (``mqtt.max_offline_messages``); 0 queues nothing.
+        drop_oldest: True drops the oldest queued message when full, False drops the new one
+            (``mqtt.offline_drop`` = ``oldest`` / ``newest``).
+    """
+
+    max_inflight: int = 32
+    max_queued: int = 1000
+    drop_oldest: bool = True
+
+    @classmethod
+    def from_config(cls, mqtt: Any) -> "SessionLimits":
+        """Build from the ``[mqtt]`` config section."""
+        return cls(mqtt.max_inflight, mqtt.max_offline_messages, mqtt.offline_drop == "oldest")
+
+
+class Session:
+    """State of one client id, kept across connections when ``clean`` is False.
+
+    Args:
+        client_id: the client identifier.
+        clean: the CONNECT's clean session flag (a clean session ends with its connection).
+        limits: shared :class:`SessionLimits`.
+    """
+
+    __slots__ = (
+        "client_id", "clean", "limits", "subs", "inflight", "queue", "last_pid", "conn", "inbound_qos2",
+        "dropped", "dropped_unreported", "disconnected_ms",
+    )
+
+    def __init__(self, client_id: str, clean: bool, limits: SessionLimits) -> None:
+        self.client_id = client_id
+        self.clean = clean
+        self.limits = limits
+        self.subs: dict[str, int] = {}
+        self.inflight: dict[int, OutMsg] = {}
+        self.queue: deque[OutMsg] | None = None
+        self.last_pid = 0
+        self.conn: Any = None  # the live Connection, or None while offline
+        self.inbound_qos2: set[int] | None = None
+        self.dropped = 0  # messages dropped by the queue bound, over the session's life
+        self.dropped_unreported = 0  # drops not yet logged by the broker
+        self.disconnected_ms = 0  # when the last connection ended (expiry of offline sessions)
+
+    def __repr__(self) -> str:
+        return (f"Session({self.client_id!r}, clean={self.clean}, subs={len(self.subs)}, "
+                f"inflight={len(self.inflight)}, queued={len(self.queue) if self.queue else 0}, "
+                f"connected={self.conn is not None})")
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    def alloc_pid(self) -> int:
+        """Return the next free packet id (1..65535, round-robin, skipping ids in flight).
+
+        The inflight window (at most 65535) guarantees a free id exists.
+        """
+        inflight = self.inflight
+        pid = self.last_pid + 1
+        if pid > 0xFFFF:
+            pid = 1
+        while pid in inflight:
+            pid = pid + 1 if pid < 0xFFFF else 1
+        self.last_pid = pid
+        return pid
+
+    def window_open(self) -> bool:
+        """True when a new QoS 1/2 message may be sent now: connected, nothing queued, window not full."""
+        return self.conn is not None and not self.queue and len(self.inflight) < self.limits.max_inflight
+
+    def send(self, msg: OutMsg) -> int:
+        """Put ``msg`` in flight and return its new packet id (the caller writes the PUBLISH)."""
+        pid = self.alloc_pid()
+        self.inflight[pid] = msg
+        return pid
+
+    def enqueue(self, msg: OutMsg) -> OutMsg | None:
+        """Queue ``msg`` behind earlier ones, applying the bound.
+
+        Args:
+            msg: the message that cannot be sent now.
+
+        Returns:
+            The message dropped to respect ``limits.max_queued`` (the oldest queued one or ``msg``
+            itself, per ``limits.drop_oldest``), or None when nothing was dropped.
+        """
+        q = self.queue
+        if q is None:
+            q = self.queue = deque()
+        limits = self.limits
+        if len(q) < limits.max_queued:
+            q.append(msg)
+            return None
+        self.dropped += 1
+        self.dropped_unreported += 1
+        if limits.drop_oldest and q:
+            dropped = q.popleft()
+            q.append(msg)
+            return dropped
+        return msg
+
+    def next_sendable(self) -> OutMsg | None:
+        """Pop the oldest queued message when connected and the window has room, else None."""
+        q = self.queue
+        if q and self.conn is not None and len(self.inflight) < self.limits.max_inflight:
+            msg = q.popleft()
+            if not q:
+                self.queue = None
+            return msg
+        return None
+
+    def acked(self, pid: int, qos: int) -> OutMsg | None:
+        """Handle PUBACK (``qos`` 1) or PUBCOMP (``qos`` 2) for ``pid``.
+
+        Returns:
+            The completed message, or None when ``pid`` is not in flight at that QoS/state (a stray
+            or duplicate acknowledgement, ignored).
+        """
+        msg = self.inflight.get(pid)
+        if msg is None or msg.qos != qos or (qos == 2 and msg.state != RELEASED):
+            return None
+        del self.inflight[pid]
+        return msg
+
+    def pubrec(self, pid: int) -> bool:
+        """Handle PUBREC for ``pid``: the message moves to ``RELEASED``.
+
+        Returns:
+            True when a PUBREL must be sent: the id is a QoS 2 message in flight (also when already
+            released: a duplicate PUBREC gets its PUBREL again); False for an unknown id.
+        """
+        msg = self.inflight.get(pid)
+        if msg is None or msg.qos != 2:
+            return False
+        msg.state = RELEASED
+        return True
+
+    def resend_order(self) -> Iterator[tuple[int, OutMsg]]:
+        """(packet id, message) pairs in flight, oldest first, for a session resume."""
+        return iter(list(self.inflight.items()))
+
+    def tags(self) -> tuple[tuple[Hashable, ...], tuple[Hashable, ...]]:
+        """(tags in flight, tags queued) of messages that carry a tag."""
+        inflight = tuple(m.tag for m in self.inflight.values() if m.tag is not None)
+        queued = tuple(m.tag for m in self.queue if m.tag is not None) if self.queue else ()
+        return inflight, queued
+
+    def queued_count(self) -> int:
+        """Messages waiting in the queue."""
+        return len(self.queue) if self.queue else 0
+
+    # -- inbound QoS 2 -----------------------------------------------------------------------
+
+    def qos2_received(self, pid: int) -> bool:
+        """Record an inbound QoS 2 PUBLISH; True when it is new (route it), False for a duplicate."""
+        s = self.inbound_qos2
+        if s is None:
+            s = self.inbound_qos2 = set()
+        elif pid in s:
+            return False
+        s.add(pid)
+        return True
+
+    def qos2_released(self, pid: int) -> None:
+        """Forget an inbound QoS 2 packet id on PUBREL (a PUBCOMP is sent either way, MQTT-4.3.3-2)."""
+        s = self.inbound_qos2
+        if s is not None:
+            s.discard(pid)
+            if not s:
+                self.inbound_qos2 = None
+
+    def clear_messages(self) -> int:
+        """Drop every held message (inflight and queued); return how many there were."""
+        n = len(self.inflight) + self.queued_count()
+        self.inflight.clear()
+        self.queue = None
+        return n
+
+
+__all__ = ["Session", "SessionLimits", "OutMsg", "SENT", "RELEASED"]

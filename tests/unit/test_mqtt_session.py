@@ -1,0 +1,136 @@
+"""Session state: packet ids, inflight window, bounded queue with drop policies, QoS 2 states."""
+from __future__ import annotations
+
+from fanout.config import load_config
+from fanout.mqtt.session import RELEASED, SENT, OutMsg, Session, SessionLimits
+
+
+def _session(max_inflight: int = 3, max_queued: int = 2, drop_oldest: bool = True, clean: bool = False) -> Session:
+    return Session("c1", clean, SessionLimits(max_inflight, max_queued, drop_oldest))
+
+
+def _msg(n: int, qos: int = 1, tag=None) -> OutMsg:
+    return OutMsg(f"t/{n}", b"%d" % n, qos, False, tag)
+
+
+def test_limits_from_config():
+    cfg = load_config(None, env={"FANOUT_MQTT_MAX_INFLIGHT": "5", "FANOUT_MQTT_OFFLINE_DROP": "newest"})
+    lim = SessionLimits.from_config(cfg.mqtt)
+    assert lim == SessionLimits(5, 1000, False)
+
+
+def test_packet_ids_round_robin_and_wrap():
+    s = _session()
+    assert [s.alloc_pid() for _ in range(3)] == [1, 2, 3]
+    s.last_pid = 0xFFFE
+    assert s.alloc_pid() == 0xFFFF
+    assert s.alloc_pid() == 1  # wraps, 0 is never used (MQTT-2.3.1-1)
+
+
+def test_packet_ids_skip_ids_in_flight():
+    s = _session()
+    s.conn = object()
+    s.inflight[2] = _msg(0)
+    s.inflight[3] = _msg(0)
+    s.last_pid = 1
+    assert s.alloc_pid() == 4
+    s.last_pid = 0xFFFF
+    s.inflight[1] = _msg(0)
+    assert s.alloc_pid() == 4
+
+
+def test_window_and_queue_order():
+    s = _session(max_inflight=2, max_queued=10)
+    assert not s.window_open()  # offline
+    s.conn = object()
+    assert s.window_open()
+    p1, p2 = s.send(_msg(1)), s.send(_msg(2))
+    assert (p1, p2) == (1, 2)
+    assert not s.window_open()
+    assert s.enqueue(_msg(3)) is None and s.enqueue(_msg(4)) is None
+    assert s.next_sendable() is None  # window still full
+    assert s.acked(1, 1).topic == "t/1"
+    assert s.next_sendable().topic == "t/3"
+    s.send(_msg(3))
+    assert not s.window_open()
+    assert s.queued_count() == 1
+
+
+def test_queue_drop_oldest_counts():
+    s = _session(max_queued=2, drop_oldest=True)
+    assert s.enqueue(_msg(1)) is None
+    assert s.enqueue(_msg(2)) is None
+    dropped = s.enqueue(_msg(3))
+    assert dropped.topic == "t/1"
+    assert [m.topic for m in s.queue] == ["t/2", "t/3"]
+    assert (s.dropped, s.dropped_unreported) == (1, 1)
+
+
+def test_queue_drop_newest_counts():
+    s = _session(max_queued=2, drop_oldest=False)
+    s.enqueue(_msg(1))
+    s.enqueue(_msg(2))
+    new = _msg(3)
+    assert s.enqueue(new) is new
+    assert [m.topic for m in s.queue] == ["t/1", "t/2"]
+    assert s.dropped == 1
+
+
+def test_queue_bound_zero_drops_everything():
+    s = _session(max_queued=0)
+    m = _msg(1)
+    assert s.enqueue(m) is m
+    assert s.queued_count() == 0 and s.dropped == 1
+
+
+def test_qos1_ack_rules():
+    s = _session()
+    s.conn = object()
+    pid = s.send(_msg(1, qos=1))
+    assert s.acked(pid, 2) is None  # PUBCOMP for a QoS 1 message is ignored
+    assert s.acked(99, 1) is None
+    assert s.acked(pid, 1) is not None
+    assert s.acked(pid, 1) is None  # duplicate PUBACK
+
+
+def test_qos2_states():
+    s = _session()
+    s.conn = object()
+    pid = s.send(_msg(1, qos=2))
+    assert s.inflight[pid].state == SENT
+    assert s.acked(pid, 2) is None  # PUBCOMP before PUBREC: ignored
+    assert s.pubrec(pid) is True
+    assert s.inflight[pid].state == RELEASED
+    assert s.pubrec(pid) is True  # duplicate PUBREC: PUBREL again
+    assert s.pubrec(77) is False
+    assert s.acked(pid, 1) is None  # PUBACK for a QoS 2 message: ignored
+    assert s.acked(pid, 2).topic == "t/1"
+    assert not s.inflight
+
+
+def test_inbound_qos2_ids_dedupe_until_pubrel():
+    s = _session()
+    assert s.qos2_received(5) is True
+    assert s.qos2_received(5) is False  # DUP resend: not routed again
+    s.qos2_released(5)
+    assert s.inbound_qos2 is None
+    assert s.qos2_received(5) is True  # a new message may reuse the id
+    s.qos2_released(6)  # unknown: no error
+
+
+def test_resend_order_and_tags():
+    s = _session(max_inflight=2, max_queued=5)
+    s.conn = object()
+    s.send(_msg(1, tag="a"))
+    s.send(_msg(2))
+    s.enqueue(_msg(3, tag="c"))
+    assert [pid for pid, _ in s.resend_order()] == [1, 2]
+    assert s.tags() == (("a",), ("c",))
+    assert s.clear_messages() == 3
+    assert s.tags() == ((), ())
+
+
+def test_idle_session_is_small():
+    """Containers most sessions never use are created lazily."""
+    s = _session()
+    assert s.queue is None and s.inbound_qos2 is None
