@@ -1,9 +1,9 @@
 """Encoding of MQTT 3.1.1 packets to bytes (re-exported by :mod:`fanout.mqtt.codec`).
 
 Strategy: the hot path of the broker (PUBLISH to a subscriber, PUBACK back to a publisher) has fast
-functions that take plain values and never build a packet object: :func:`encode_publish` joins a
-precomputed fixed header, the topic and the payload in one ``bytes.join``; acknowledgements are one
-``struct.pack``. :func:`encode` handles every packet type in both directions (clients, tests) and
+functions that take plain values and never build a packet object: :func:`encode_publish` packs the
+fixed header and the topic length in one ``struct`` call and joins topic, packet id and payload in one
+``bytes.join``; acknowledgements are one ``struct.pack``. :func:`encode` handles every packet type in both directions (clients, tests) and
 relies on the packet constructors for validation; here only lengths are checked (strings up to 65,535
 bytes, remaining length up to 268,435,455) and anything wrong raises ``ValueError``.
 """
@@ -21,10 +21,9 @@ MAX_REMAINING_LENGTH = 268_435_455  # 4-byte varint maximum (section 2.2.3)
 
 _U16 = struct.Struct(">H").pack
 _ACK = struct.Struct(">BBH").pack
+_HEAD1 = struct.Struct(">BBH").pack  # first byte, 1-byte remaining length, topic length
+_HEAD2 = struct.Struct(">BBBH").pack  # first byte, 2-byte remaining length, topic length
 _SMALL_VARINT = [bytes((n,)) for n in range(128)]
-# _PUB_HEAD[first_byte & 0x0F][remaining_length] for remaining lengths below 128: a PUBLISH fixed
-# header costs one list index instead of building two bytes.
-_PUB_HEAD = [[bytes((0x30 | flags, n)) for n in range(128)] for flags in range(16)]
 
 
 def encode_varint(n: int) -> bytes:
@@ -101,17 +100,25 @@ def encode_publish(topic: str | bytes, payload: bytes, qos: int, retain: bool, d
     if qos:
         if qos != 1 and qos != 2:
             raise ValueError(f"QoS must be 0, 1 or 2, got {qos!r}")
-        _check_pid(packet_id)  # type: ignore[arg-type]
-        flags = (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+        if type(packet_id) is not int or not 0 < packet_id <= 0xFFFF:
+            raise ValueError(f"packet_id must be an int in 1..65535, got {packet_id!r}")
+        first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
         rl = 4 + tl + len(payload)
-        head = _PUB_HEAD[flags][rl] if rl < 128 else bytes((0x30 | flags,)) + encode_varint(rl)
-        return b"".join((head, _U16(tl), tb, _U16(packet_id), payload))  # type: ignore[arg-type]
+        return b"".join((_pub_head(first, rl, tl), tb, _U16(packet_id), payload))
     if dup:
         raise ValueError("DUP must be 0 for QoS 0 (MQTT-3.3.1-2)")
-    flags = 1 if retain else 0
-    rl = 2 + tl + len(payload)
-    head = _PUB_HEAD[flags][rl] if rl < 128 else bytes((0x30 | flags,)) + encode_varint(rl)
-    return b"".join((head, _U16(tl), tb, payload))
+    first = 0x31 if retain else 0x30
+    return b"".join((_pub_head(first, 2 + tl + len(payload), tl), tb, payload))
+
+
+def _pub_head(first: int, rl: int, tl: int) -> bytes:
+    # Fixed header and topic length packed in one struct call (1- and 2-byte remaining lengths
+    # cover packets up to 16 KiB).
+    if rl < 0x80:
+        return _HEAD1(first, rl, tl)
+    if rl < 0x4000:
+        return _HEAD2(first, (rl & 0x7F) | 0x80, rl >> 7, tl)
+    return bytes((first,)) + encode_varint(rl) + _U16(tl)
 
 
 def _ack(first: int, packet_id: int) -> bytes:

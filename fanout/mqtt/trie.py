@@ -198,50 +198,47 @@ class SubscriptionTrie(Generic[K]):
             A new dict mapping each matching key to the maximum QoS over its matching filters.
         """
         exact = self._exact.get(topic)
-        if not self._wild:
-            return dict(exact) if exact else {}
         result: dict[K, int] = dict(exact) if exact else {}
-        levels = topic.split("/")
+        if not self._wild:
+            return result
         root = self._root
         # MQTT-4.7.2-1: no wildcard at the first level matches a "$" topic.
         dollar = topic[:1] == "$"
         if root.multi and not dollar:
             _merge_max(result, root.multi)
-        child = root.children.get(levels[0])
-        plus = None if dollar else root.children.get("+")
-        if len(levels) == 1:
-            for node in (child, plus):
-                if node is not None:
-                    if node.subs:
-                        _merge_max(result, node.subs)
-                    if node.multi:
-                        _merge_max(result, node.multi)
-            return result
-        nodes = [n for n in (child, plus) if n is not None]
-        last = len(levels) - 1
-        for i in range(1, len(levels)):
-            if not nodes:
+        children = root.children
+        # Look at the first level before splitting: most topics leave the trie right here.
+        cut = topic.find("/")
+        child = children.get(topic if cut < 0 else topic[:cut])
+        plus = None if dollar else children.get("+")
+        if child is None:
+            if plus is None:
                 return result
-            level = levels[i]
-            nxt = []
-            for node in nodes:
-                if node.multi:
-                    _merge_max(result, node.multi)  # "<prefix>/#" with more levels to come
-                children = node.children
-                if children:
-                    child = children.get(level)
-                    if child is not None:
-                        nxt.append(child)
-                    plus = children.get("+")
-                    if plus is not None:
-                        nxt.append(plus)
-            nodes = nxt
-            if i == last:
+            nodes = [plus]
+        else:
+            nodes = [child] if plus is None else [child, plus]
+        if cut >= 0:
+            for level in topic[cut + 1:].split("/"):
+                nxt = []
                 for node in nodes:
-                    if node.subs:
-                        _merge_max(result, node.subs)
                     if node.multi:
-                        _merge_max(result, node.multi)  # "a/#" matches "a" (MQTT-4.7.1-2)
+                        _merge_max(result, node.multi)  # "<prefix>/#" with more levels to come
+                    children = node.children
+                    if children:
+                        child = children.get(level)
+                        if child is not None:
+                            nxt.append(child)
+                        plus = children.get("+")
+                        if plus is not None:
+                            nxt.append(plus)
+                if not nxt:
+                    return result
+                nodes = nxt
+        for node in nodes:  # nodes reached by the last level
+            if node.subs:
+                _merge_max(result, node.subs)
+            if node.multi:
+                _merge_max(result, node.multi)  # "a/#" matches "a" (MQTT-4.7.1-2)
         return result
 
     def has_match(self, topic: str) -> bool:

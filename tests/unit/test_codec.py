@@ -331,3 +331,23 @@ def test_packets_are_frozen_and_hashable():
     assert hash(pkt) == hash(Publish("a", b"x", 1, packet_id=3))
     assert type(pkt.payload) is bytes
     assert Subscribe(1, [("a", 1)]).topics == (("a", 1),)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rl", [127, 128, 16383, 16384, 2097152])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_encode_publish_remaining_length_boundaries(rl, qos):
+    # Topic "t": 2 + 1 bytes, plus 2 for the packet id when QoS > 0.
+    payload = b"p" * (rl - 3 - (2 if qos else 0))
+    data = encode_publish("t", payload, qos, False, False, 1 if qos else None)
+    assert data[1:1 + len(encode_varint(rl))] == encode_varint(rl)
+    assert len(data) == 1 + len(encode_varint(rl)) + rl
+    assert decode(data) == (Publish("t", payload, qos, packet_id=1 if qos else None), len(data))
+
+
+def test_buffered_bytes_capped_by_max_packet_size():
+    reader = PacketReader(max_packet_size=100)
+    data = encode_publish("t", b"x" * 95, 0, False, False, None)  # remaining length 98
+    assert reader.feed(data[:-1]) == []
+    assert reader.buffered == len(data) - 1 <= 100 + 5
+    assert reader.feed(data[-1:] + b"\x30") == [Publish("t", b"x" * 95)]
+    assert reader.buffered == 1

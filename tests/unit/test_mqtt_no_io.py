@@ -5,8 +5,8 @@ import json
 import subprocess
 import sys
 
-MODULES = ["fanout.mqtt.errors", "fanout.mqtt.packets", "fanout.mqtt.codec", "fanout.mqtt.topics",
-           "fanout.mqtt.trie"]
+MODULES = ["fanout.mqtt.errors", "fanout.mqtt.packets", "fanout.mqtt.codec", "fanout.mqtt.encoder",
+           "fanout.mqtt.decoder", "fanout.mqtt.topics", "fanout.mqtt.trie"]
 FORBIDDEN = ["asyncio", "socket", "ray", "selectors", "ssl"]
 
 
