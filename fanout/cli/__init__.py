@@ -14,6 +14,7 @@ from typing import Sequence
 # Each entry is a module in this package with register(subparsers).
 COMMAND_MODULES: tuple[str, ...] = (
     "config_cmd",
+    "passwd",
 )
 
 

@@ -1,0 +1,403 @@
+"""Authentication (salted PBKDF2 password hashes) and topic access control for the MQTT broker.
+
+Strategy:
+
+- Passwords are stored as ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>`` (``fanout passwd`` makes
+  them). Every hash in the config is parsed when :class:`AccessControl` is built, so a malformed one stops
+  start-up with ``users.<name>.password_hash: ...`` instead of silently refusing that user later.
+- PBKDF2 at 600,000 iterations costs ~0.2-0.3 s of CPU by design, and a fleet of 10,000 vehicles sharing
+  one credential may reconnect at once. Successful verifications are therefore cached in memory, keyed by
+  ``HMAC-SHA256(k, username, password)`` where ``k`` is 32 random bytes drawn per ``AccessControl``
+  (per process) and never persisted. Why this is safe: no plaintext password is stored; a key is only
+  ever inserted after a full PBKDF2 verification succeeded against the immutable config of this instance,
+  and a lookup needs the same username and password bytes (a collision of HMAC-SHA256 outputs is not a
+  practical attack); the cache is bounded (LRU, 10,000 entries by default) and dies with the process.
+  The remaining exposure is a memory dump of the live process, which yields ``k`` and the digests of
+  recently used passwords (fast to brute force, unlike PBKDF2); whoever can dump the broker's memory can
+  also read passwords from its socket buffers, so the cache does not widen that threat.
+  Failed attempts are never cached as success; the last failed digest per known user is remembered, so
+  a client retrying one wrong password costs one PBKDF2 run, not one per connect. Concurrent misses for
+  the same credential (threads) share one PBKDF2 run. A miss blocks the calling thread for the whole
+  PBKDF2 run: an asyncio caller should run ``authenticate`` in an executor.
+- Authorisation: the extra ``[[acl]]`` rules in file order, first match decides; otherwise the role's
+  built-in policy (DESIGN.md "MQTT contract"). Publishing to ``$SYS/#`` is refused to everyone but admin
+  before any rule is consulted. Publish decisions are cached per (principal, topic) in a bounded dict
+  (cleared when full), since publish checks sit on the per-message hot path.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import structlog
+
+from fanout.config import AclRule, Config, ConfigError, UserConfig
+from fanout.mqtt.topics import InvalidTopic, topic_matches, validate_topic_filter
+
+log = structlog.get_logger(__name__)
+
+HASH_SCHEME = "pbkdf2_sha256"
+DEFAULT_ITERATIONS = 600_000
+CONNACK_BAD_CREDENTIALS = 4
+CONNACK_NOT_AUTHORISED = 5
+VIN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DEV_PLATFORM_USER = "platform"
+DEV_PLATFORM_PASSWORD = b"platform"
+_SYS = "$SYS"
+_FANOUT = "$SDV-FANOUT"
+
+
+def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS) -> str:
+    """Hash a password with PBKDF2-HMAC-SHA256 and a 16-byte random salt.
+
+    Args:
+        password: the plaintext password (encoded as UTF-8, as MQTT clients send it).
+        iterations: PBKDF2 iteration count.
+
+    Returns:
+        ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>``.
+
+    Raises:
+        ValueError: iterations < 1.
+    """
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    salt = secrets.token_bytes(16)
+    dk = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
+    return f"{HASH_SCHEME}${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
+
+
+def parse_password_hash(encoded: str) -> tuple[int, bytes, bytes]:
+    """Split an encoded hash into (iterations, salt, derived key).
+
+    Raises:
+        ValueError: the encoding is malformed; the message says what is wrong.
+    """
+    parts = encoded.split("$")
+    if len(parts) != 4 or parts[0] != HASH_SCHEME:
+        raise ValueError(f"expected {HASH_SCHEME}$<iterations>$<salt>$<hash>")
+    if not (parts[1].isascii() and parts[1].isdigit()) or int(parts[1]) < 1:
+        raise ValueError(f"iterations must be a positive integer, got {parts[1]!r}")
+    try:
+        salt = base64.b64decode(parts[2], validate=True)
+        dk = base64.b64decode(parts[3], validate=True)
+    except ValueError:
+        raise ValueError("salt and hash must be base64") from None
+    if not salt or len(dk) < 16:
+        raise ValueError("salt is empty or hash is shorter than 16 bytes")
+    return int(parts[1]), salt, dk
+
+
+def verify_password(password: bytes | str, encoded: str) -> bool:
+    """Check a password against an encoded hash in constant time.
+
+    Args:
+        password: the password as received (bytes) or typed (str, encoded as UTF-8).
+        encoded: a hash made by :func:`hash_password`.
+
+    Returns:
+        True when the password matches; False when it does not or the encoding is malformed
+        (malformed hashes are reported at config load by :func:`check_password_hashes`).
+    """
+    try:
+        iterations, salt, expected = parse_password_hash(encoded)
+    except ValueError:
+        return False
+    pw = password.encode("utf-8") if isinstance(password, str) else password
+    return hmac.compare_digest(hashlib.pbkdf2_hmac("sha256", pw, salt, iterations, len(expected)), expected)
+
+
+def check_password_hashes(users: Mapping[str, UserConfig]) -> None:
+    """Raise ConfigError naming the first user whose password_hash does not parse."""
+    for name, user in users.items():
+        try:
+            parse_password_hash(user.password_hash)
+        except ValueError as exc:
+            raise ConfigError(f"users.{name}.password_hash: {exc} (create one with `fanout passwd`)") from None
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def filter_covers(outer: str, inner: str) -> bool:
+    """True when every topic that filter ``inner`` can match is also matched by filter ``outer``.
+
+    MQTT 3.1.1 matching is assumed: ``+`` matches one level (possibly empty), ``#`` any number of levels
+    including the parent (``a/#`` matches ``a``), and a filter starting with a wildcard matches no topic
+    starting with ``$``. Hence ``covers(f, f)`` holds, ``a/#`` covers ``a``, ``a/+`` and ``a/#``, ``+/b``
+    does not cover ``$SYS/b``, ``a/+`` does not cover ``a/#``, ``+/#`` and ``#`` cover each other (every
+    topic has at least one level; the empty string is no topic). Both arguments must be valid filters.
+
+    Args:
+        outer: the covering filter (an ACL rule's topic).
+        inner: the filter being checked (a requested subscription).
+
+    Returns:
+        True when the topics matched by ``inner`` are a subset of those matched by ``outer``.
+    """
+    o, i = outer.split("/"), inner.split("/")
+    for n, olevel in enumerate(o):
+        if olevel == "#":
+            # the rest of any topic matches, except a $-topic when '#' is the first level
+            return not (n == 0 and i[0].startswith("$"))
+        if n == len(i):
+            return False  # outer needs more levels than inner's topics have
+        ilevel = i[n]
+        if olevel == "+":
+            if ilevel == "#":
+                # inner '#' also matches its parent topic, which outer '+' cannot, unless that parent is
+                # no valid topic (empty: '#' itself, '/#') and outer continues with '#' ('+/#', '/+/#')
+                return o[n + 1 :] == ["#"] and not "/".join(i[:n])
+            if n == 0 and ilevel.startswith("$"):
+                return False
+        elif olevel != ilevel:
+            return False
+    return len(i) == len(o)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated connection: who it is (None = anonymous), its role and its client id."""
+
+    username: str | None
+    role: str
+    client_id: str
+
+
+class _Flight:
+    """One PBKDF2 verification in progress; concurrent callers with the same credential wait on it."""
+
+    __slots__ = ("done", "ok")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+
+
+class AccessControl:
+    """Authenticates CONNECTs and decides publish/subscribe permissions from one immutable config.
+
+    Args:
+        config: the loaded configuration (users, acl, mqtt.anonymous_role, mqtt.dev_platform_login).
+        listener_is_loopback: whether the MQTT listener binds a loopback address only.
+        auth_cache_size: successful verifications remembered (LRU).
+        decision_cache_size: cached publish decisions (cleared when full).
+
+    Raises:
+        ConfigError: a non-loopback listener without users, a malformed password hash, an invalid
+            ACL topic filter, or an ACL rule naming an unknown user.
+    """
+
+    def __init__(
+        self, config: Config, *, listener_is_loopback: bool, auth_cache_size: int = 10_000, decision_cache_size: int = 65_536
+    ) -> None:
+        self._users = dict(config.users)
+        if not self._users and not listener_is_loopback:
+            raise ConfigError(
+                "refusing to start a non-loopback listener without configured credentials "
+                f"(mqtt.host = {config.mqtt.host!r}): add [users.<name>] tables with hashes from "
+                "`fanout passwd`, or listen on 127.0.0.1"
+            )
+        check_password_hashes(self._users)
+        self._anonymous_role: str = config.mqtt.anonymous_role
+        self._dev_login = bool(not self._users and listener_is_loopback and config.mqtt.dev_platform_login)
+        self._publish_rules = self._compile_rules(config, "publish")
+        self._subscribe_rules = self._compile_rules(config, "subscribe")
+        self._key = secrets.token_bytes(32)
+        self._verified: OrderedDict[bytes, None] = OrderedDict()
+        self._last_failure: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._pending: dict[bytes, _Flight] = {}
+        self._auth_cache_size = auth_cache_size
+        self._decisions: dict[tuple[str | None, str, str, str], bool] = {}
+        self._decision_cache_size = decision_cache_size
+        self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
+        self.auth_cache_hits = 0
+        if self._dev_login:
+            log.warning(
+                "dev platform login enabled",
+                username=DEV_PLATFORM_USER,
+                hint="loopback listener without [users]; configure users or set mqtt.dev_platform_login = false",
+            )
+
+    def _compile_rules(self, config: Config, action: str) -> tuple[AclRule, ...]:
+        rules = []
+        for n, rule in enumerate(config.acl):
+            try:
+                validate_topic_filter(rule.topic)
+            except InvalidTopic as exc:
+                raise ConfigError(f"acl[{n}].topic: {exc}") from None
+            known = rule.user in self._users or (self._dev_login and rule.user == DEV_PLATFORM_USER)
+            if rule.user is not None and not known:
+                raise ConfigError(f"acl[{n}].user: no [users.{rule.user}] is configured")
+            if rule.action == action:
+                rules.append(rule)
+        return tuple(rules)
+
+    # -- authentication ------------------------------------------------------------------------
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> Principal | int:
+        """Authenticate one CONNECT.
+
+        Args:
+            client_id: the client identifier (as assigned, for a zero-length one).
+            username: the CONNECT user name, or None when the flag is not set.
+            password: the CONNECT password, or None when the flag is not set.
+
+        Returns:
+            The Principal, or a CONNACK return code: 4 (bad user name or password) for an unknown
+            user, a wrong password or a password without user name; 5 (not authorised) for anonymous
+            clients when ``anonymous_role`` is ``none`` and for a vehicle whose client id is not a VIN.
+        """
+        if username is None:
+            if password is not None:
+                return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, None, "password without user name")
+            if self._anonymous_role == "none":
+                return self._refuse(CONNACK_NOT_AUTHORISED, client_id, None, "anonymous clients refused")
+            return self._principal(None, self._anonymous_role, client_id)
+        user = self._users.get(username)
+        if user is None:
+            if self._dev_login and username == DEV_PLATFORM_USER and password is not None:
+                if hmac.compare_digest(password, DEV_PLATFORM_PASSWORD):
+                    return self._principal(username, "platform", client_id)
+            return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
+        if password is None or not self._verify(user, password):
+            return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
+        return self._principal(username, user.role, client_id)
+
+    def _verify(self, user: UserConfig, password: bytes) -> bool:
+        name = user.name.encode("utf-8")
+        digest = hmac.new(self._key, len(name).to_bytes(4, "big") + name + password, hashlib.sha256).digest()
+        with self._lock:
+            if digest in self._verified:
+                self._verified.move_to_end(digest)
+                self.auth_cache_hits += 1
+                return True
+            if self._last_failure.get(user.name) == digest:
+                return False
+            flight = self._pending.get(digest)
+            leader = flight is None
+            if leader:
+                flight = self._pending[digest] = _Flight()
+                self.pbkdf2_calls += 1
+        if not leader:  # the same credential is being verified by another thread: share its result
+            flight.done.wait()
+            return flight.ok
+        ok = False
+        try:
+            ok = verify_password(password, user.password_hash)
+        finally:
+            with self._lock:
+                if ok:
+                    self._verified[digest] = None
+                    if len(self._verified) > self._auth_cache_size:
+                        self._verified.popitem(last=False)
+                else:
+                    self._last_failure[user.name] = digest
+                del self._pending[digest]
+            flight.ok = ok
+            flight.done.set()
+        return ok
+
+    def _principal(self, username: str | None, role: str, client_id: str) -> Principal | int:
+        if role == "vehicle" and not VIN_RE.fullmatch(client_id):
+            return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "vehicle client id is not a VIN")
+        return Principal(username, role, client_id)
+
+    @staticmethod
+    def _refuse(code: int, client_id: str, username: str | None, reason: str) -> int:
+        log.info("mqtt connect refused", client_id=client_id, username=username, return_code=code, reason=reason)
+        return code
+
+    # -- authorisation -------------------------------------------------------------------------
+
+    def can_publish(self, principal: Principal, topic: str) -> bool:
+        """Whether ``principal`` may publish to the topic name ``topic``.
+
+        Decisions are cached per (principal, topic); the key is a flat tuple of strings, whose hashes
+        CPython caches, because hashing the Principal dataclass runs Python code (~0.25 us) per call.
+
+        Args:
+            principal: the connection's Principal from :meth:`authenticate`.
+            topic: a valid topic name (no wildcards).
+
+        Returns:
+            True when allowed (first matching publish rule, else the role's policy).
+        """
+        key = (principal.username, principal.role, principal.client_id, topic)
+        try:
+            return self._decisions[key]
+        except KeyError:
+            pass
+        decision = self._decide_publish(principal, topic)
+        if len(self._decisions) >= self._decision_cache_size:
+            self._decisions.clear()
+        self._decisions[key] = decision
+        return decision
+
+    def _decide_publish(self, p: Principal, topic: str) -> bool:
+        if p.role == "admin":
+            return self._first_rule(self._publish_rules, p, topic, topic_matches, True)
+        if topic == _SYS or topic.startswith("$SYS/"):
+            return False  # nobody but admin publishes $SYS, whatever the rules say
+        if p.role == "platform":
+            builtin = True
+        elif p.role == "vehicle":
+            builtin = topic.startswith(f"ecp/{p.client_id}/")
+        else:
+            builtin = not (topic == _FANOUT or topic.startswith("$SDV-FANOUT/"))
+        return self._first_rule(self._publish_rules, p, topic, topic_matches, builtin)
+
+    def can_subscribe(self, principal: Principal, topic_filter: str) -> bool:
+        """Whether ``principal`` may subscribe to ``topic_filter`` (False -> SUBACK 0x80).
+
+        Args:
+            principal: the connection's Principal from :meth:`authenticate`.
+            topic_filter: a valid topic filter; a subscribe rule applies when its filter covers this
+                one (:func:`filter_covers`), so a deny of ``logs/#`` does not stop a subscription to ``#``.
+
+        Returns:
+            True when allowed (first matching subscribe rule, else the role's policy).
+        """
+        p = principal
+        if p.role == "admin":
+            builtin = True
+        elif topic_filter == _FANOUT or topic_filter.startswith("$SDV-FANOUT/"):
+            cid = p.client_id
+            builtin = bool(cid) and "+" not in cid and "#" not in cid and topic_filter == f"$SDV-FANOUT/errors/{cid}"
+        elif p.role == "vehicle":
+            builtin = topic_filter.startswith(f"agent/{p.client_id}/")
+        else:
+            builtin = True
+        return self._first_rule(self._subscribe_rules, p, topic_filter, filter_covers, builtin)
+
+    @staticmethod
+    def _first_rule(
+        rules: Iterable[AclRule], p: Principal, topic: str, match: Callable[[str, str], bool], default: bool
+    ) -> bool:
+        for rule in rules:
+            if (rule.role is None or rule.role == p.role) and (rule.user is None or rule.user == p.username):
+                if match(rule.topic, topic):
+                    return rule.allow
+        return default
+
+
+__all__ = [
+    "AccessControl", "Principal", "filter_covers", "hash_password", "verify_password", "parse_password_hash",
+    "check_password_hashes", "is_loopback_host", "CONNACK_BAD_CREDENTIALS", "CONNACK_NOT_AUTHORISED",
+]
