@@ -14,6 +14,20 @@ import structlog
 _configured = False
 
 
+class _CurrentStderr:
+    """A file-like that writes to whatever ``sys.stderr`` is at write time.
+
+    structlog caches bound loggers; binding them to the stderr object of configure time breaks when
+    stderr is later replaced (pytest capture, daemonising), so resolve it on every write.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(*, json: bool | None = None, level: str | None = None) -> None:
     """Configure structlog and stdlib logging once per process.
 
@@ -43,7 +57,7 @@ def configure(*, json: bool | None = None, level: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=True,
     )
     _configured = True
