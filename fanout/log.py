@@ -43,7 +43,7 @@ def configure(*, json: bool | None = None, level: str | None = None) -> None:
     level_name = (level or os.environ.get("FANOUT_LOG_LEVEL") or "info").upper()
     numeric = getattr(logging, level_name, None)
     if not isinstance(numeric, int):
-        raise ValueError(f"log level {level_name!r} is not one of debug, info, warning, error")
+        raise ValueError(f"log level {level_name.lower()!r} is not one of debug, info, warning, error")
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
