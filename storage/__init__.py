@@ -1,0 +1,41 @@
+"""LMDB shard store: key encodings, write batches, the shard store, replication logic.
+
+Public API (see each module for its strategy):
+- ``storage.keys``: ``shard_of``, ``ids_key``/``decode_ids_key``, ``vin_prefix``, ``reqs_key``/...
+- ``storage.batch.WriteBatch``: the unit of mutation and of replication.
+- ``storage.shard.ShardStore``: one LMDB environment per shard; ``apply`` + read verbs + snapshots.
+- ``storage.replication``: ``ReplicationLog``, ``ReplicaApplier``, ``ShardPrimary``, ``Ack``/``Need``/``Rejected``.
+- ``storage.errors``: ``StoreError`` and subclasses.
+"""
+from storage.batch import WriteBatch
+from storage.errors import (
+    BatchFormatError,
+    FencedError,
+    SequenceError,
+    SnapshotInvalidatedError,
+    StoreClosedError,
+    StoreError,
+    StoreFullError,
+)
+from storage.keys import shard_of
+from storage.reader import QueueRow
+from storage.shard import ApplyResult, ShardStore, shard_dir
+from storage.snapshot import SnapshotInfo, SnapshotView
+
+__all__ = [
+    "ApplyResult",
+    "BatchFormatError",
+    "FencedError",
+    "QueueRow",
+    "SequenceError",
+    "ShardStore",
+    "SnapshotInfo",
+    "SnapshotInvalidatedError",
+    "SnapshotView",
+    "StoreClosedError",
+    "StoreError",
+    "StoreFullError",
+    "WriteBatch",
+    "shard_dir",
+    "shard_of",
+]

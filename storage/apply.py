@@ -1,0 +1,295 @@
+"""Execute WriteBatch ops inside one open LMDB write transaction.
+
+Strategy: one small function per verb, dispatched by opcode; each adds to a counters dict that
+becomes ``ApplyResult.counts`` (``enqueue_new``, ``enqueue_dup``, ``ack_deleted``, ``guard_skipped``
+...). Nothing here commits or aborts: ``ShardStore.apply`` owns the transaction, so an exception
+anywhere leaves the store untouched.
+
+Enqueue (the hot path, up to 1,000,000 VINs in one op):
+1. sort the VIN list in place (insertion in key order is ~3x faster than random order in LMDB's
+   B-tree; the primary pays the sort once, replicas receive the sorted list and re-sort in ~0.1 s);
+2. ``getmulti`` the ``reqs`` keys: if none exists (a fresh trigger) both tables are filled with
+   C-level ``putmulti`` calls; ``reqs`` uses ``overwrite=False`` so a VIN listed twice counts once;
+3. otherwise the found rows decide per VIN, implementing the idempotency rule exactly: a VIN whose
+   ``reqs`` row already has the same ``data_id`` (pending or delivered) is a duplicate and queues
+   nothing; a different ``data_id`` (the request id re-used for another blob) queues a new row and
+   the ``reqs`` row then tracks the new data id; the rest go through ``putmulti`` as above.
+
+Row-level ops that commute (``ack`` and the deletes) are applied in key order when a batch holds a
+long run of them (stable sort, so repeated ops on one key keep their order): random-order updates
+of a large table dirty one page per op and make LMDB spill dirty pages mid-transaction (measured:
+1M random-order acks took 25+ s, in key order a few seconds).
+"""
+from __future__ import annotations
+
+import struct
+from operator import itemgetter
+from typing import Any, Callable, NamedTuple
+
+import lmdb
+
+from storage import batch as B
+from storage import keys, tables
+from storage.errors import BatchFormatError
+
+_TS = struct.Struct(">Q")
+_SEP = keys.SEP
+
+
+class Dbs(NamedTuple):
+    """Open database handles of one environment."""
+
+    data: Any
+    meta: Any
+    ids: Any
+    reqs: Any
+    sys: Any
+    retained: Any
+    metrics: Any
+
+
+Counts = dict[str, int]
+
+
+def _inc(counts: Counts, name: str, n: int = 1) -> None:
+    counts[name] = counts.get(name, 0) + n
+
+
+def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, data_id, blob, ts_ms, sha1 = op
+    key = data_id.encode()
+    raw = txn.get(key, db=dbs.meta)
+    if raw is not None:
+        old_ts, size, old_sha1 = tables.unpack(raw)
+        if old_sha1 == sha1:
+            txn.put(key, tables.encode_meta(max(old_ts, ts_ms), size, sha1), db=dbs.meta)
+            _inc(counts, "blob_refreshed")
+            return
+        _inc(counts, "blob_replaced")
+    else:
+        _inc(counts, "blob_new")
+    txn.put(key, blob, db=dbs.data)
+    txn.put(key, tables.encode_meta(ts_ms, len(blob), sha1), db=dbs.meta)
+
+
+def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, data_id, ts_ms = op
+    key = data_id.encode()
+    raw = txn.get(key, db=dbs.meta)
+    if raw is None:
+        _inc(counts, "meta_missing")
+        return
+    old_ts, size, sha1 = tables.unpack(raw)
+    txn.put(key, tables.encode_meta(max(old_ts, ts_ms), size, sha1), db=dbs.meta)
+    _inc(counts, "meta_touched")
+
+
+def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, ts_ms, request_id, data_id, vins = op
+    vins.sort()
+    rid = request_id.encode()
+    rprefix = rid + _SEP
+    suffix = _SEP + _TS.pack(ts_ms) + rid
+    pending = tables.encode_req(ts_ms, data_id, tables.STATUS_PENDING)
+    ids_value = tables.pack(data_id)
+    vbs = [v.encode() for v in vins]
+    rkeys = [rprefix + vb for vb in vbs]
+    rcur = txn.cursor(dbs.reqs)
+    icur = txn.cursor(dbs.ids)
+    found = rcur.getmulti(rkeys)
+    if not found:
+        consumed, added = rcur.putmulti([(k, pending) for k in rkeys], overwrite=False)
+        icur.putmulti([(vb + suffix, ids_value) for vb in vbs])
+        _inc(counts, "enqueue_new", added)
+        _inc(counts, "enqueue_dup", consumed - added)
+        return
+    unpack = tables.unpack
+    existing = {k: unpack(v)[1] for k, v in found}
+    fresh_r: list[tuple[bytes, bytes]] = []
+    fresh_i: list[tuple[bytes, bytes]] = []
+    requeued: set[bytes] = set()
+    dup = 0
+    for vb, rk in zip(vbs, rkeys):
+        old = existing.get(rk)
+        if old is None:
+            fresh_r.append((rk, pending))
+            fresh_i.append((vb + suffix, ids_value))
+        elif old == data_id or rk in requeued:
+            dup += 1
+        else:  # the request id was re-used with another blob: queue it, reqs follows the new data id
+            requeued.add(rk)
+            rcur.put(rk, pending)
+            icur.put(vb + suffix, ids_value)
+    consumed, added = rcur.putmulti(fresh_r, overwrite=False)
+    icur.putmulti(fresh_i)
+    _inc(counts, "enqueue_new", added + len(requeued))
+    _inc(counts, "enqueue_dup", dup + consumed - added)
+
+
+def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, vin, ts_ms, request_id, delivered_ts_ms = op
+    vb, rid = vin.encode(), request_id.encode()
+    popped = txn.pop(vb + _SEP + _TS.pack(ts_ms) + rid, db=dbs.ids)
+    _inc(counts, "ack_deleted" if popped is not None else "ack_missing")
+    rkey = rid + _SEP + vb
+    raw = txn.get(rkey, db=dbs.reqs)
+    if raw is not None:
+        req_ts, data_id, _status, _ = tables.unpack(raw)
+    elif popped is not None:
+        req_ts, data_id = ts_ms, tables.unpack(popped)
+    else:
+        return
+    txn.put(rkey, tables.encode_req(req_ts, data_id, tables.STATUS_DELIVERED, delivered_ts_ms), db=dbs.reqs)
+
+
+def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, vin, ts_ms, request_id = op
+    hit = txn.delete(vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode(), db=dbs.ids)
+    _inc(counts, "deleted" if hit else "delete_missing")
+
+
+def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, vin, ts_ms, request_id, expected = op
+    key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
+    raw = txn.get(key, db=dbs.ids)
+    if raw is None or tables.unpack(raw) != expected:
+        _inc(counts, "guard_skipped")
+        return
+    txn.delete(key, db=dbs.ids)
+    _inc(counts, "deleted")
+
+
+def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, request_id, vin = op
+    hit = txn.delete(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
+    _inc(counts, "deleted" if hit else "delete_missing")
+
+
+def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, request_id, vin, expected_ts, expected_status = op
+    key = request_id.encode() + _SEP + vin.encode()
+    raw = txn.get(key, db=dbs.reqs)
+    if raw is not None:
+        ts_ms, _data_id, status, _ = tables.unpack(raw)
+        if ts_ms == expected_ts and status == expected_status:
+            txn.delete(key, db=dbs.reqs)
+            _inc(counts, "deleted")
+            return
+    _inc(counts, "guard_skipped")
+
+
+def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    key = op[1].encode()
+    hit = txn.delete(key, db=dbs.meta)
+    hit = txn.delete(key, db=dbs.data) or hit
+    _inc(counts, "deleted" if hit else "delete_missing")
+
+
+def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, data_id, expected_ts = op
+    key = data_id.encode()
+    raw = txn.get(key, db=dbs.meta)
+    if raw is None or tables.unpack(raw)[0] != expected_ts:
+        _inc(counts, "guard_skipped")
+        return
+    txn.delete(key, db=dbs.meta)
+    txn.delete(key, db=dbs.data)
+    _inc(counts, "deleted")
+
+
+def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, topic, payload, qos, ts_ms = op
+    txn.put(keys.retained_key(topic), tables.encode_retained(topic, payload, qos, ts_ms), db=dbs.retained)
+    _inc(counts, "retained_put")
+
+
+def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    hit = txn.delete(keys.retained_key(op[1]), db=dbs.retained)
+    _inc(counts, "retained_deleted" if hit else "delete_missing")
+
+
+def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, name, value, ts_ms = op
+    txn.put(name.encode(), tables.encode_metric(value, ts_ms), db=dbs.metrics)
+    _inc(counts, "metric_put")
+
+
+_HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts], None]] = {
+    B.PUT_BLOB: _put_blob,
+    B.TOUCH_META: _touch_meta,
+    B.ENQUEUE: _enqueue,
+    B.ACK: _ack,
+    B.DELETE_IDS: _delete_ids,
+    B.DELETE_IDS_IF: _delete_ids_if,
+    B.DELETE_REQS: _delete_reqs,
+    B.DELETE_REQS_IF: _delete_reqs_if,
+    B.DELETE_BLOB: _delete_blob,
+    B.DELETE_BLOB_IF: _delete_blob_if,
+    B.PUT_RETAINED: _put_retained,
+    B.DELETE_RETAINED: _delete_retained,
+    B.PUT_METRIC: _put_metric,
+}
+
+
+def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any]) -> Counts:
+    """Execute ``ops`` in order inside ``txn`` (which the caller commits or aborts).
+
+    Args:
+        txn: an open write transaction.
+        dbs: the environment's database handles.
+        ops: ``WriteBatch.ops``.
+
+    Returns:
+        Counters of what happened (``enqueue_new``, ``enqueue_dup``, ``blob_refreshed``, ...).
+
+    Raises:
+        BatchFormatError: an op with an unknown opcode or the wrong number of fields.
+        lmdb.Error: from LMDB (``MapFullError`` is handled by the caller).
+    """
+    counts: Counts = {}
+    handlers = _HANDLERS
+    for op in _key_ordered_runs(ops):
+        handler = handlers.get(op[0]) if op else None
+        if handler is None:
+            raise BatchFormatError(f"unknown write batch op {op[:1]!r}")
+        try:
+            handler(txn, dbs, op, counts)
+        except (ValueError, TypeError) as exc:
+            raise BatchFormatError(f"malformed {B.OP_NAMES[op[0]]} op: {exc}") from exc
+    return counts
+
+
+# opcode -> the op's key fields, in the order of the key's own encoding
+_COMMUTING: dict[int, Callable[[Any], Any]] = {
+    B.ACK: itemgetter(1, 2, 3),
+    B.DELETE_IDS: itemgetter(1, 2, 3),
+    B.DELETE_IDS_IF: itemgetter(1, 2, 3),
+    B.DELETE_REQS: itemgetter(1, 2),
+    B.DELETE_REQS_IF: itemgetter(1, 2),
+}
+_MIN_SORTED_RUN = 256
+
+
+def _key_ordered_runs(ops: list[Any]) -> list[Any]:
+    """``ops`` with each long run of one commuting opcode stably sorted by key (see module doc)."""
+    if len(ops) < _MIN_SORTED_RUN:
+        return ops
+    out: list[Any] = []
+    i, n = 0, len(ops)
+    while i < n:
+        code = ops[i][0] if ops[i] else None
+        j = i + 1
+        if code in _COMMUTING:
+            while j < n and ops[j] and ops[j][0] == code:
+                j += 1
+            run = ops[i:j]
+            if j - i >= _MIN_SORTED_RUN:
+                try:
+                    run.sort(key=_COMMUTING[code])
+                except TypeError:
+                    pass  # malformed fields: leave the order, the handler reports the op
+            out.extend(run)
+        else:
+            out.append(ops[i])
+        i = j
+    return out

@@ -1,0 +1,247 @@
+"""Read verbs of a shard store: short read transactions, a missing key is ``None``.
+
+Strategy: every verb runs in one short read transaction taken by ``_read`` under the store's
+shared ``ResizeGuard`` (a map resize kills open transactions, see ``storage.guard``); when another
+process grew the map (``MapResizedError``, e.g. a read-only inspector next to the live store) the
+new size is adopted and the read retried once. Queue reads are cursor range scans over one VIN's
+key prefix (``storage.keys``), so they return rows oldest first and never cross into another VIN.
+Whole-table reads are incremental: ``scan`` does one bounded step per transaction and returns the
+cursor to resume from.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable, NamedTuple, TypeVar
+
+import lmdb
+
+from storage import keys, tables
+from storage.guard import ResizeGuard
+
+_T = TypeVar("_T")
+
+
+class QueueRow(NamedTuple):
+    """One pending ``ids`` row; ``key`` is the cursor to pass as ``after_key`` for the next row."""
+
+    key: bytes
+    vin: str
+    ts_ms: int
+    request_id: str
+    data_id: str
+
+
+class ShardReader:
+    """Read verbs; mixed into ``ShardStore``, which provides the environment and handles."""
+
+    _guard: ResizeGuard
+    _write_lock: threading.RLock
+    _handles: dict[str, Any]
+    _dbs: Any
+    shard_id: int
+    path: Any
+
+    def _live_env(self) -> lmdb.Environment:
+        raise NotImplementedError
+
+    def _resize(self, new_size: int, reason: str = "adopt") -> None:
+        raise NotImplementedError
+
+    def _map_sizes(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    _max_map: int
+
+    def _read(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
+        """Run ``fn`` in a short read transaction under the shared resize guard."""
+        for attempt in (0, 1):
+            env = self._live_env()
+            guard = self._guard
+            guard.acquire_shared()
+            try:
+                with env.begin() as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                if attempt:
+                    raise
+            finally:
+                guard.release_shared()
+            with self._write_lock:  # another process grew the map: adopt its size, then retry
+                self._resize(0)
+        raise AssertionError("unreachable")
+
+    def get_blob(self, data_id: str) -> bytes | None:
+        """The blob of ``data_id``, or None."""
+        key = keys.data_key(data_id)
+        return self._read(lambda txn: txn.get(key, db=self._dbs.data))
+
+    def get_meta(self, data_id: str) -> dict[str, Any] | None:
+        """``{data_id, ts_ms, size, sha1}`` of a blob, or None."""
+        key = keys.data_key(data_id)
+        raw = self._read(lambda txn: txn.get(key, db=self._dbs.meta))
+        return None if raw is None else tables.decode_meta(raw, data_id)
+
+    def next_rows(self, vin: str, limit: int = 1, after_key: bytes | None = None) -> list[QueueRow]:
+        """Oldest pending rows of one VIN, by ``(ts_ms, request_id)``.
+
+        Args:
+            vin: the vehicle.
+            limit: at most this many rows.
+            after_key: resume strictly after this row key (a previous ``QueueRow.key``).
+
+        Returns:
+            Up to ``limit`` rows, oldest first; ``[]`` when the queue is empty.
+
+        Raises:
+            ValueError: invalid VIN, or ``after_key`` not of this VIN.
+        """
+        prefix = keys.vin_prefix(vin)
+        if after_key is not None and not after_key.startswith(prefix):
+            raise ValueError(f"after_key {after_key!r} is not a row of vin {vin!r}")
+        return self._read(lambda txn: _rows_of(txn.cursor(self._dbs.ids), prefix, vin, limit, after_key))
+
+    def next_rows_many(self, vins: Iterable[str], limit: int = 1) -> dict[str, list[QueueRow]]:
+        """``next_rows`` for many VINs in one read transaction (VINs with no rows are left out)."""
+        prefixes = [(vin, keys.vin_prefix(vin)) for vin in vins]
+
+        def read(txn: lmdb.Transaction) -> dict[str, list[QueueRow]]:
+            cur = txn.cursor(self._dbs.ids)
+            out = {}
+            for vin, prefix in prefixes:
+                rows = _rows_of(cur, prefix, vin, limit, None)
+                if rows:
+                    out[vin] = rows
+            return out
+
+        return self._read(read)
+
+    def pending_count(self, vin: str | None = None) -> int:
+        """Pending ``ids`` rows of one VIN, or of the whole shard when ``vin`` is None."""
+        if vin is None:
+            return self._read(lambda txn: int(txn.stat(self._dbs.ids)["entries"]))
+        prefix = keys.vin_prefix(vin)
+
+        def count(txn: lmdb.Transaction) -> int:
+            cur = txn.cursor(self._dbs.ids)
+            n = 0
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    n += 1
+            return n
+
+        return self._read(count)
+
+    def get_req(self, request_id: str, vin: str) -> dict[str, Any] | None:
+        """The ``reqs`` row of ``(request_id, vin)`` or None."""
+        key = keys.reqs_key(request_id, vin)
+        raw = self._read(lambda txn: txn.get(key, db=self._dbs.reqs))
+        return None if raw is None else tables.decode_req(raw, request_id, vin)
+
+    def request_rows(self, request_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """All ``reqs`` rows of one request on this shard, by VIN (at most ``limit``)."""
+        prefix = keys.request_prefix(request_id)
+
+        def read(txn: lmdb.Transaction) -> list[dict[str, Any]]:
+            cur = txn.cursor(self._dbs.reqs)
+            rows: list[dict[str, Any]] = []
+            if cur.set_range(prefix):
+                for key, raw in cur:
+                    if not key.startswith(prefix) or (limit is not None and len(rows) >= limit):
+                        break
+                    rows.append(tables.decode_req(raw, request_id, key[len(prefix):].decode("ascii")))
+            return rows
+
+        return self._read(read)
+
+    def get_retained_all(self) -> list[dict[str, Any]]:
+        """Every retained message ``{topic, payload, qos, ts_ms}``."""
+        return self._read(lambda txn: [tables.decode_retained(v) for _, v in txn.cursor(self._dbs.retained)])
+
+    def get_metrics_all(self) -> list[dict[str, Any]]:
+        """Every stored metric ``{name, value, ts_ms}``."""
+        return self._read(
+            lambda txn: [tables.decode_metric(v, bytes(k).decode()) for k, v in txn.cursor(self._dbs.metrics)]
+        )
+
+    @property
+    def applied_seq(self) -> int:
+        """Seq of the last applied batch (0 for a new store)."""
+        return self._read(lambda txn: _get_int(txn, self._dbs.sys, tables.SYS_APPLIED_SEQ))
+
+    @property
+    def epoch(self) -> int:
+        """Highest epoch this store has seen (0 for a new store)."""
+        return self._read(lambda txn: _get_int(txn, self._dbs.sys, tables.SYS_EPOCH))
+
+    def stats(self) -> dict[str, Any]:
+        """Entries per table, map size, used bytes, seq, epoch, readers."""
+        map_size, used = self._map_sizes()
+
+        def read(txn: lmdb.Transaction) -> dict[str, Any]:
+            return {
+                "shard_id": self.shard_id,
+                "path": str(self.path),
+                "entries": {name: int(txn.stat(self._handles[name])["entries"]) for name in tables.ALL_DBS},
+                "map_size_bytes": map_size,
+                "max_map_size_bytes": self._max_map,
+                "used_bytes": used,
+                "applied_seq": _get_int(txn, self._dbs.sys, tables.SYS_APPLIED_SEQ),
+                "epoch": _get_int(txn, self._dbs.sys, tables.SYS_EPOCH),
+                "readers": int(self._live_env().info()["num_readers"]),
+            }
+
+        return self._read(read)
+
+    def scan(self, db: str, cursor: bytes | None = None, limit: int = 1000) -> tuple[list[dict[str, Any]], bytes | None]:
+        """One incremental step over table ``db`` in its own short read transaction.
+
+        Args:
+            db: table name.
+            cursor: ``None`` to start, else the ``next_cursor`` of the previous step.
+            limit: rows per step.
+
+        Returns:
+            ``(rows, next_cursor)``; ``next_cursor`` is None when the table is exhausted.
+
+        Raises:
+            ValueError: unknown table or limit < 1.
+        """
+        handle = self._handles[tables.check_db(db)]
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+
+        def step(txn: lmdb.Transaction) -> tuple[list[dict[str, Any]], bytes | None]:
+            cur = txn.cursor(handle)
+            if not (cur.set_range(cursor) if cursor is not None else cur.first()):
+                return [], None
+            rows, last = [], b""
+            for key, value in cur:
+                rows.append(tables.decode_row(db, key, value))
+                last = key
+                if len(rows) >= limit:
+                    return rows, (keys.key_after(last) if cur.next() else None)
+            return rows, None
+
+        return self._read(step)
+
+
+def _get_int(txn: lmdb.Transaction, db: Any, key: bytes) -> int:
+    raw = txn.get(key, db=db)
+    return 0 if raw is None else int(tables.unpack(raw))
+
+
+def _rows_of(cur: lmdb.Cursor, prefix: bytes, vin: str, limit: int, after_key: bytes | None) -> list[QueueRow]:
+    rows: list[QueueRow] = []
+    if limit < 1 or not cur.set_range(keys.key_after(after_key) if after_key is not None else prefix):
+        return rows
+    plen = len(prefix)
+    for key, raw in cur:
+        if not key.startswith(prefix):
+            break
+        ts_ms = int.from_bytes(key[plen:plen + 8], "big")
+        rows.append(QueueRow(key, vin, ts_ms, key[plen + 8:].decode(), tables.unpack(raw)))
+        if len(rows) >= limit:
+            break
+    return rows

@@ -1,0 +1,156 @@
+"""Table catalogue: named LMDB databases, value encodings and decoded row shapes.
+
+Strategy: values are msgpack arrays (compact: ``reqs`` holds one row per VIN of every request, so
+field names would cost ~20 bytes a row), except ``data``, which holds the raw blob bytes. Callers
+never see the arrays: read verbs and scans return dicts built here, with field names that carry
+their unit (``ts_ms``). ``ROW_FIELDS`` lists the fields of each table's decoded rows in order, which
+is the column list an export (Parquet) uses.
+
+| db | key | stored value | decoded row |
+|---|---|---|---|
+| data | data_id | blob bytes | data_id, blob |
+| meta | data_id | [ts_ms, size, sha1 hex] | data_id, ts_ms, size, sha1 |
+| ids | vin, ts_ms, request_id | data_id | vin, ts_ms, request_id, data_id |
+| reqs | request_id, vin | [ts_ms, data_id, status, delivered_ts_ms or nil] | request_id, vin, ts_ms, data_id, status, delivered_ts_ms |
+| sys | name | any msgpack scalar | name, value |
+| retained | topic (or hash) | [topic, payload, qos, ts_ms] | topic, payload, qos, ts_ms |
+| metrics | name | [value, ts_ms] | name, value, ts_ms |
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from storage import keys
+
+DATA = "data"
+META = "meta"
+IDS = "ids"
+REQS = "reqs"
+SYS = "sys"
+RETAINED = "retained"
+METRICS = "metrics"
+ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS)
+USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS)
+"""Tables whose content replication keeps identical on every replica (``sys`` is per store)."""
+
+STATUS_PENDING = "pending"
+STATUS_DELIVERED = "delivered"
+
+SYS_APPLIED_SEQ = b"applied_seq"
+SYS_EPOCH = b"epoch"
+SYS_SHARD_ID = b"shard_id"
+
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    DATA: ("data_id", "blob"),
+    META: ("data_id", "ts_ms", "size", "sha1"),
+    IDS: ("vin", "ts_ms", "request_id", "data_id"),
+    REQS: ("request_id", "vin", "ts_ms", "data_id", "status", "delivered_ts_ms"),
+    SYS: ("name", "value"),
+    RETAINED: ("topic", "payload", "qos", "ts_ms"),
+    METRICS: ("name", "value", "ts_ms"),
+}
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def pack(value: Any) -> bytes:
+    """msgpack-encode one value (bin type for bytes).
+
+    One shared ``Packer``: ``msgpack.packb`` builds a new one per call, which costs more than the
+    packing of these small values. ``Packer.pack`` runs in C holding the GIL, so sharing is safe.
+    """
+    return _packer.pack(value)
+
+
+def unpack(raw: bytes) -> Any:
+    """msgpack-decode one value (str for str, bytes for bin)."""
+    return msgpack.unpackb(raw, raw=False)
+
+
+def encode_meta(ts_ms: int, size: int, sha1: str) -> bytes:
+    """Encode a ``meta`` value."""
+    return pack([ts_ms, size, sha1])
+
+
+def decode_meta(raw: bytes, data_id: str) -> dict[str, Any]:
+    """Decode a ``meta`` value into ``{data_id, ts_ms, size, sha1}``."""
+    ts_ms, size, sha1 = unpack(raw)
+    return {"data_id": data_id, "ts_ms": ts_ms, "size": size, "sha1": sha1}
+
+
+def encode_req(ts_ms: int, data_id: str, status: str, delivered_ts_ms: int | None = None) -> bytes:
+    """Encode a ``reqs`` value."""
+    return pack([ts_ms, data_id, status, delivered_ts_ms])
+
+
+def decode_req(raw: bytes, request_id: str, vin: str) -> dict[str, Any]:
+    """Decode a ``reqs`` value into ``{request_id, vin, ts_ms, data_id, status, delivered_ts_ms}``."""
+    ts_ms, data_id, status, delivered = unpack(raw)
+    return {
+        "request_id": request_id,
+        "vin": vin,
+        "ts_ms": ts_ms,
+        "data_id": data_id,
+        "status": status,
+        "delivered_ts_ms": delivered,
+    }
+
+
+def encode_retained(topic: str, payload: bytes, qos: int, ts_ms: int) -> bytes:
+    """Encode a ``retained`` value (the topic is kept: long topics are keyed by hash)."""
+    return pack([topic, bytes(payload), qos, ts_ms])
+
+
+def decode_retained(raw: bytes) -> dict[str, Any]:
+    """Decode a ``retained`` value into ``{topic, payload, qos, ts_ms}``."""
+    topic, payload, qos, ts_ms = unpack(raw)
+    return {"topic": topic, "payload": payload, "qos": qos, "ts_ms": ts_ms}
+
+
+def encode_metric(value: int | float | str, ts_ms: int) -> bytes:
+    """Encode a ``metrics`` value."""
+    return pack([value, ts_ms])
+
+
+def decode_metric(raw: bytes, name: str) -> dict[str, Any]:
+    """Decode a ``metrics`` value into ``{name, value, ts_ms}``."""
+    value, ts_ms = unpack(raw)
+    return {"name": name, "value": value, "ts_ms": ts_ms}
+
+
+def decode_row(db: str, key: bytes, raw: bytes) -> dict[str, Any]:
+    """Decode one stored ``(key, value)`` of table ``db`` into its row dict (fields ``ROW_FIELDS[db]``).
+
+    Raises:
+        ValueError: unknown table name.
+    """
+    if db == IDS:
+        vin, ts_ms, request_id = keys.decode_ids_key(key)
+        return {"vin": vin, "ts_ms": ts_ms, "request_id": request_id, "data_id": unpack(raw)}
+    if db == REQS:
+        request_id, vin = keys.decode_reqs_key(key)
+        return decode_req(raw, request_id, vin)
+    if db == META:
+        return decode_meta(raw, bytes(key).decode("utf-8"))
+    if db == DATA:
+        return {"data_id": bytes(key).decode("utf-8"), "blob": bytes(raw)}
+    if db == RETAINED:
+        return decode_retained(raw)
+    if db == METRICS:
+        return decode_metric(raw, bytes(key).decode("utf-8"))
+    if db == SYS:
+        return {"name": bytes(key).decode("utf-8"), "value": unpack(raw)}
+    raise ValueError(f"unknown table {db!r}; tables are {', '.join(ALL_DBS)}")
+
+
+def check_db(db: str) -> str:
+    """Return ``db`` if it names a table.
+
+    Raises:
+        ValueError: unknown table name.
+    """
+    if db not in ALL_DBS:
+        raise ValueError(f"unknown table {db!r}; tables are {', '.join(ALL_DBS)}")
+    return db
