@@ -21,14 +21,22 @@ from storage.keys import shard_of
 from storage.reader import QueueRow
 from storage.shard import ApplyResult, ShardStore, shard_dir
 from storage.snapshot import SnapshotInfo, SnapshotView
+from storage.replication import Ack, Need, Rejected, ReplicaApplier, ReplicationLog, ShardPrimary, Shipment
 
 __all__ = [
+    "Ack",
     "ApplyResult",
     "BatchFormatError",
     "FencedError",
+    "Need",
     "QueueRow",
+    "Rejected",
+    "ReplicaApplier",
+    "ReplicationLog",
     "SequenceError",
+    "ShardPrimary",
     "ShardStore",
+    "Shipment",
     "SnapshotInfo",
     "SnapshotInvalidatedError",
     "SnapshotView",

@@ -98,6 +98,15 @@ class ShardStore(ShardReader):
         self.path = Path(path)
         self.shard_id = shard_id
         self.readonly = readonly
+        self.options: dict[str, Any] = {
+            "map_size_bytes": map_size_bytes,
+            "max_map_size_bytes": max_map_size_bytes,
+            "sync": sync,
+            "readonly": readonly,
+            "max_readers": max_readers,
+            "grow_ahead": grow_ahead,
+        }
+        """The keyword options this store was opened with (to reopen it alike)."""
         self._max_map = max(_round_page(max_map_size_bytes), _PAGE * 16)
         self._grow_ahead = grow_ahead
         self._write_lock = threading.RLock()
