@@ -130,6 +130,7 @@ class FanoutClient(Pump):
         self._pending_writes = 0
         self._spills = 0
         self._removes: list[int] = []
+        self._removing: set[int] = set()
         self._last_error = ""
         self._last_cluster_error = ""
         self._submitted = self._acked = 0
@@ -318,7 +319,7 @@ class FanoutClient(Pump):
             True when drained, False when ``timeout`` elapsed first.
         """
         deadline = None if timeout is None else self._loop.time() + timeout
-        while len(self._ring) or len(self._inflight) or self._pending_writes or (self._outbox and self._outbox.depth) or self._removes:
+        while len(self._ring) or len(self._inflight) or self._pending_writes or (self._outbox and self._outbox.depth) or self._removing:
             if deadline is not None and self._loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.005)

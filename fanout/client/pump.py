@@ -65,6 +65,7 @@ class Pump:
         _pending_writes: int
         _spills: int
         _removes: list[int]
+        _removing: set[int]
         _last_error: str
         _last_cluster_error: str
         _acked: int
@@ -230,13 +231,13 @@ class Pump:
     async def _refill(self) -> None:
         assert self._writer is not None and self._outbox is not None
         epoch = self._epoch
-        exclude = frozenset(self._cold_seqs | self._inflight.seqs())
+        exclude = frozenset(self._cold_seqs | self._inflight.seqs() | self._removing)
         items = await self._writer.read(self._outbox.load_ready, now_ms(), exclude, _REFILL)
         if epoch != self._epoch:
             return
         self._outbox_dirty = len(items) >= _REFILL
         for sub in items:
-            if sub.seq not in self._cold_seqs and sub.seq not in self._inflight:
+            if sub.seq not in self._cold_seqs and sub.seq not in self._inflight and sub.seq not in self._removing:
                 self._cold.append(sub)
                 self._cold_seqs.add(sub.seq)
 
@@ -279,6 +280,7 @@ class Pump:
             if not self._removes:
                 self._loop.call_soon(self._flush_removes)
             self._removes.append(sub.seq)
+            self._removing.add(sub.seq)  # acknowledged, still in the outbox until the removal commits
         h = self._handles.pop(sub.seq, None)
         if h is not None:
             h._resolve()
@@ -294,6 +296,7 @@ class Pump:
             await self._writer.apply(WriteBatch(removes=removes), urgent=False)
         except Exception as exc:  # noqa: BLE001 - a lost removal only means a QoS 1 duplicate later
             log.error("client.outbox_remove_failed", error=repr(exc), count=len(removes))
+        self._removing.difference_update(removes)
         self._maybe_hot()
         self._wake.set()
 
