@@ -159,6 +159,17 @@ def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> 
     _inc(counts, "deleted")
 
 
+def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _, vin, ts_ms, request_id, expected, new_data_id = op
+    key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
+    raw = txn.get(key, db=dbs.ids)
+    if raw is None or tables.unpack(raw) != expected:
+        _inc(counts, "guard_skipped")
+        return
+    txn.put(key, tables.pack(new_data_id), db=dbs.ids)
+    _inc(counts, "repointed")
+
+
 def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     _, request_id, vin = op
     hit = txn.delete(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
@@ -228,6 +239,7 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts], None]] = {
     B.PUT_RETAINED: _put_retained,
     B.DELETE_RETAINED: _delete_retained,
     B.PUT_METRIC: _put_metric,
+    B.REPOINT_IDS_IF: _repoint_ids_if,
 }
 
 
@@ -264,6 +276,7 @@ _COMMUTING: dict[int, Callable[[Any], Any]] = {
     B.ACK: itemgetter(1, 2, 3),
     B.DELETE_IDS: itemgetter(1, 2, 3),
     B.DELETE_IDS_IF: itemgetter(1, 2, 3),
+    B.REPOINT_IDS_IF: itemgetter(1, 2, 3),
     B.DELETE_REQS: itemgetter(1, 2),
     B.DELETE_REQS_IF: itemgetter(1, 2),
 }

@@ -40,6 +40,7 @@ DELETE_BLOB_IF = 10  # (op, data_id, expected_ts_ms)
 PUT_RETAINED = 11  # (op, topic, payload, qos, ts_ms)
 DELETE_RETAINED = 12  # (op, topic)
 PUT_METRIC = 13  # (op, name, value, ts_ms)
+REPOINT_IDS_IF = 14  # (op, vin, ts_ms, request_id, expected_data_id, new_data_id)
 
 OP_NAMES: dict[int, str] = {
     PUT_BLOB: "put_blob",
@@ -55,6 +56,7 @@ OP_NAMES: dict[int, str] = {
     PUT_RETAINED: "put_retained",
     DELETE_RETAINED: "delete_retained",
     PUT_METRIC: "put_metric",
+    REPOINT_IDS_IF: "repoint_ids_if",
 }
 
 # Rough stored bytes per op (key + value + node headers, pages ~2/3 full); used to grow the map
@@ -205,6 +207,19 @@ class WriteBatch:
         keys.ids_key(vin, ts_ms, request_id)
         keys.check_data_id(expected_data_id)
         self.ops.append((DELETE_IDS_IF, vin, ts_ms, request_id, expected_data_id))
+        return self
+
+    def repoint_ids_if(
+        self, vin: str, ts_ms: int, request_id: str, expected_data_id: str, new_data_id: str
+    ) -> WriteBatch:
+        """GC (content dedup): point one ``ids`` row at ``new_data_id`` only if it still points at
+        ``expected_data_id`` (a row acked or changed since the plan's snapshot is left alone, never
+        re-created). The ``reqs`` row keeps the data id the platform named (idempotency key).
+        """
+        keys.ids_key(vin, ts_ms, request_id)
+        keys.check_data_id(expected_data_id)
+        keys.check_data_id(new_data_id)
+        self.ops.append((REPOINT_IDS_IF, vin, ts_ms, request_id, expected_data_id, new_data_id))
         return self
 
     def delete_reqs(self, request_id: str, vin: str) -> WriteBatch:
