@@ -1,0 +1,436 @@
+"""ShardCore: everything one Dispatcher does, minus Ray and asyncio.
+
+Strategy: the Dispatcher actor only moves batches (Ray calls, the writer thread, the tick); the decisions
+live here so they are unit-testable with a real ``ShardStore`` and no cluster:
+
+- Dispatch: :class:`FanoutDispatch` (the team's :class:`fanout.dispatch.VinDispatcher` plus the two inputs
+  a real node produces that the pure machine does not model: a send the node could not hand over, and
+  the filtering of VINs worth a store read). Reads go through :class:`PrefetchRows`, which loads the next
+  two rows of every VIN of an event batch in ONE read transaction (``next_rows_many``) before the
+  machine asks for them one by one; two rows because the row just acknowledged is still in the store
+  until its delete lands (Rule 4 of :mod:`fanout.dispatch`).
+- Takeover registry: the shard of ``crc32(client_id)`` sees every connect of that client id on any node;
+  when two nodes report a live connection, the older generation is kicked (queued for the next
+  ``deliver`` call to its node).
+- Output per node: sends of a tick become ``(vin, generation, row_key, request_id, data_id)`` tuples with
+  each blob once (read from the local store through a small cache); failures come back as tuples.
+- Writes are only ever :class:`storage.WriteBatch` objects returned to the caller (which applies them
+  on the shard's single writer): acks of a tick in one batch, a round of blobs in one batch, a round of
+  triggers in one batch. That keeps every mutation shippable by the replication layer.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+import structlog
+
+from fanout.dispatch import Action, Delete, InFlight, VinDispatcher
+from fanout.mqtt.auth import VIN_RE
+from fanout.mqtt.hooks import DeliverStatus
+from fanout.wire import (
+    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, split_vins,
+)
+from storage import WriteBatch
+from storage.keys import decode_ids_key
+
+log = structlog.get_logger(__name__)
+
+PREFETCH_ROWS = 2
+BLOB_CACHE_BYTES = 64 << 20
+INSPECT_ROWS = 20
+
+
+class PrefetchRows:
+    """``PendingRows`` over a ``ShardStore`` with an optional per-batch prefetch.
+
+    Inside ``with rows.prefetched(vins):`` the next :data:`PREFETCH_ROWS` rows of those VINs come from one
+    read transaction; outside, or for other VINs, each ``next_row`` is its own short read.
+    """
+
+    __slots__ = ("_store", "_cache", "reads")
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._cache: dict[str, list] | None = None
+        self.reads = 0
+
+    @contextmanager
+    def prefetched(self, vins: Iterable[str]) -> Iterator[None]:
+        vins = list(vins)
+        if not vins:
+            yield
+            return
+        found = self._store.next_rows_many(vins, limit=PREFETCH_ROWS)
+        cache = dict.fromkeys(vins, ())
+        cache.update(found)
+        self._cache = cache  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            self._cache = None
+
+    def next_row(self, vin: str, after: bytes | None = None) -> Any:
+        cache = self._cache
+        if cache is not None:
+            rows = cache.get(vin)
+            if rows is not None:
+                for row in rows:
+                    if after is None or row.key > after:
+                        return row
+                if len(rows) < PREFETCH_ROWS:
+                    return None
+        self.reads += 1
+        rows = self._store.next_rows(vin, limit=1, after_key=after)
+        return rows[0] if rows else None
+
+
+class FanoutDispatch(VinDispatcher):
+    """:class:`VinDispatcher` plus node-reported send failures and cheap candidate filtering."""
+
+    def on_send_failed(self, vin: str, generation: int, row_key: bytes, *, unsubscribed: bool = False) -> list[Action]:
+        """The node did not hand the in-flight row to the connection (not subscribed, queue full).
+
+        The row stays pending; the next trigger sends it again. Never sends by itself (a failing send
+        must not loop).
+        """
+        vs = self._vins.get(vin)
+        if vs is None or vs.generation != generation or vs.node is None:
+            self._stale += 1
+            return []
+        if unsubscribed:
+            vs.subscribed = False
+        if vs.inflight is not None and vs.inflight.key == row_key:
+            self._clear_inflight(vs)
+        return []
+
+    def ready_vins(self, vins: Iterable[str]) -> list[str]:
+        """The VINs a new batch can send to now: connected, subscribed, nothing in flight."""
+        states = self._vins
+        out = []
+        for vin in vins:
+            vs = states.get(vin)
+            if vs is not None and vs.node is not None and vs.subscribed and vs.inflight is None:
+                out.append(vin)
+        return out
+
+    @property
+    def has_actions(self) -> bool:
+        """Sends or deletes are queued for ``drain_actions``."""
+        return bool(self._sends or self._deletes)
+
+    def vehicle_states(self) -> Iterator[tuple[str, Any]]:
+        return iter(self._vins.items())
+
+
+def _inflight_json(inflight: InFlight | None) -> dict[str, Any] | None:
+    if inflight is None:
+        return None
+    vin, ts_ms, request_id = decode_ids_key(inflight.key)
+    return {"request_id": request_id, "ts_ms": ts_ms, "sent_ms": inflight.sent_ms}
+
+
+class ShardCore:
+    """The state and decisions of one dispatcher (one shard).
+
+    Args:
+        store: the shard's ``ShardStore`` (read here; written only by the caller).
+        shard: shard index.
+        shards: shard count.
+    """
+
+    def __init__(self, store: Any, shard: int, shards: int) -> None:
+        self.store = store
+        self.shard = shard
+        self.shards = shards
+        self.rows = PrefetchRows(store)
+        self.vd = FanoutDispatch(self.rows)
+        self._clients: dict[str, tuple[str, int]] = {}  # client id -> (node, generation) of the live connection
+        self._kicks: dict[str, list[tuple[str, int]]] = {}
+        self._sends: dict[str, list[tuple]] = {}
+        self._deletes: list[Delete] = []
+        self._blobs: dict[str, bytes] = {}
+        self._blob_bytes = 0
+        self._known: set[str] = set()
+        self.events_in = 0
+        self.rows_enqueued = 0
+        self.takeovers = 0
+        self.discarded = 0
+
+    # -- events from nodes -------------------------------------------------------------------------------
+
+    def apply_events(self, node: str, events: list[tuple]) -> None:
+        """Apply one node's event batch, in order."""
+        vd = self.vd
+        self.events_in += len(events)
+        hot = [e[1] for e in events if e[0] == EV_ACK or e[0] == EV_HEARTBEAT]
+        with self.rows.prefetched(hot):
+            for e in events:
+                kind = e[0]
+                if kind == EV_ACK:
+                    vd.on_puback(e[1], e[2], e[3])
+                elif kind == EV_HEARTBEAT:
+                    vd.on_heartbeat(e[1], e[2])
+                elif kind == EV_CONNECT:
+                    _, cid, gen, present, subscribed, key = e
+                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                        vd.on_connect(cid, node, gen, present, key, subscribed=subscribed)
+                elif kind == EV_DISCONNECT:
+                    _, cid, gen = e
+                    self._unregister(node, cid, gen)
+                    if VIN_RE.fullmatch(cid):
+                        vd.on_disconnect(cid, gen)
+                elif kind == EV_SUBSCRIBED:
+                    vd.on_subscribe(e[1], e[2], e[3])
+                elif kind == EV_FAILED:
+                    vd.on_send_failed(e[1], e[2], e[3])
+
+    def _register(self, node: str, cid: str, gen: int) -> bool:
+        """Record a connect; queue a kick for the older of two live connections on different nodes.
+
+        Returns:
+            False when this connect is already superseded (it was kicked).
+        """
+        prev = self._clients.get(cid)
+        if prev is not None and prev[0] != node:
+            self.takeovers += 1
+            if gen < prev[1]:
+                self._kicks.setdefault(node, []).append((cid, gen))
+                return False
+            self._kicks.setdefault(prev[0], []).append((cid, prev[1]))
+        if prev is None or gen > prev[1] or prev[0] != node:
+            self._clients[cid] = (node, gen)
+        return True
+
+    def _unregister(self, node: str, cid: str, gen: int) -> None:
+        if self._clients.get(cid) == (node, gen):
+            del self._clients[cid]
+
+    def node_down(self, node: str) -> None:
+        """A connection node died or restarted: everything connected there is gone."""
+        self.vd.on_node_down(node)
+        for cid in [c for c, (n, _g) in self._clients.items() if n == node]:
+            del self._clients[cid]
+        self._sends.pop(node, None)
+        self._kicks.pop(node, None)
+
+    # -- ingest --------------------------------------------------------------------------------------------
+
+    def blob_batch(self, items: list[tuple]) -> WriteBatch:
+        """One write batch storing ``[(data_id, blob, ts_ms)]`` (a repeated blob refreshes meta.ts only)."""
+        batch = WriteBatch()
+        for data_id, blob, ts_ms in items:
+            batch.put_blob(data_id, blob, ts_ms)
+        return batch
+
+    def blobs_stored(self, items: list[tuple]) -> None:
+        """After :meth:`blob_batch` was applied: the ids exist, cached contents may be stale."""
+        for data_id, _blob, _ts in items:
+            self._known.add(data_id)
+            old = self._blobs.pop(data_id, None)
+            if old is not None:
+                self._blob_bytes -= len(old)
+
+    def has_data(self, data_ids: list[str]) -> list[bool]:
+        """Whether each data id has a blob on this shard."""
+        out = []
+        for d in data_ids:
+            ok = d in self._known or self.store.get_meta(d) is not None
+            if ok:
+                self._known.add(d)
+            out.append(ok)
+        return out
+
+    def ingest_batch(self, items: list[tuple]) -> tuple[WriteBatch, list[Any], list[list[str]]]:
+        """Build the write batch of a round of triggers for this shard.
+
+        Args:
+            items: ``(request_id, data_id, joined_vins, ts_ms)``.
+
+        Returns:
+            ``(batch, results, vin_lists)``: results per item (``{"vins": n}`` or an error string for an
+            unknown data id, which writes nothing for that item), and the VIN lists to dispatch once the
+            batch is durable.
+        """
+        batch = WriteBatch()
+        results: list[Any] = []
+        vin_lists: list[list[str]] = []
+        for request_id, data_id, joined, ts_ms in items:
+            if not self.has_data([data_id])[0]:
+                results.append(f"unknown data_id {data_id!r} on shard {self.shard}")
+                continue
+            vins = split_vins(joined)
+            try:
+                batch.enqueue_many(vins, ts_ms, request_id, data_id)
+            except ValueError as exc:
+                results.append(f"invalid trigger: {exc}")
+                continue
+            vin_lists.append(vins)
+            results.append({"vins": len(vins)})
+        return batch, results, vin_lists
+
+    def ingested(self, vin_lists: list[list[str]], counts: dict[str, int] | None = None) -> int:
+        """After :meth:`ingest_batch` was applied: trigger "new batch" dispatch.
+
+        Returns:
+            How many VINs were ready to receive (a send was attempted).
+        """
+        if counts:
+            self.rows_enqueued += counts.get("enqueue_new", 0)
+        n = 0
+        for vins in vin_lists:
+            ready = self.vd.ready_vins(vins)
+            if ready:
+                n += len(ready)
+                with self.rows.prefetched(ready):
+                    self.vd.on_batch(ready)
+        return n
+
+    def forget_data(self) -> None:
+        """Blobs may have been deleted (GC batch applied): drop the caches."""
+        self._known.clear()
+        self._blobs.clear()
+        self._blob_bytes = 0
+
+    # -- the tick -------------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        """Something is queued: actions to drain, sends or kicks to ship, deletes to write."""
+        return self.vd.has_actions or bool(self._sends or self._kicks or self._deletes)
+
+    def drain(self, now_ms: int) -> None:
+        """Move the machine's queued actions into per-node send lists and the delete list."""
+        for _ in range(3):  # a missing blob discards its row and may queue the next one
+            if not self.vd.has_actions:
+                return
+            plan = self.vd.drain_actions(now_ms)
+            self._deletes.extend(plan.deletes)
+            for node, sends in plan.sends.items():
+                out = self._sends.setdefault(node, [])
+                for s in sends:
+                    row = s.row
+                    if self._blob(row.data_id) is None:
+                        log.warning("fanout row without blob discarded", vin=s.vin, request_id=row.request_id,
+                                    data_id=row.data_id, shard=self.shard)
+                        self.discarded += 1
+                        self.vd.discard_row(s.vin, row.key)
+                        continue
+                    out.append((s.vin, s.generation, row.key, row.request_id, row.data_id))
+                if not out:
+                    del self._sends[node]
+
+    def _blob(self, data_id: str) -> bytes | None:
+        blob = self._blobs.get(data_id)
+        if blob is None:
+            blob = self.store.get_blob(data_id)
+            if blob is None:
+                return None
+            if self._blob_bytes + len(blob) > BLOB_CACHE_BYTES:
+                self._blobs.clear()
+                self._blob_bytes = 0
+            self._blobs[data_id] = blob
+            self._blob_bytes += len(blob)
+        return blob
+
+    def nodes_with_output(self) -> list[str]:
+        """Nodes with sends or kicks queued."""
+        return list({*self._sends, *self._kicks})
+
+    def take_node_batch(self, node: str) -> tuple[list[tuple], dict[str, bytes], list[tuple]]:
+        """The ``deliver`` arguments for ``node``: sends, their blobs (each once) and kicks."""
+        sends = self._sends.pop(node, [])
+        kicks = self._kicks.pop(node, [])
+        payloads: dict[str, bytes] = {}
+        for s in sends:
+            d = s[4]
+            if d not in payloads:
+                payloads[d] = self._blob(d) or b""
+        return sends, payloads, kicks
+
+    def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
+        """One write batch acknowledging every acked row queued so far (``ids`` deleted, ``reqs`` delivered)."""
+        if not self._deletes:
+            return None
+        deletes, self._deletes = self._deletes, []
+        batch = WriteBatch()
+        for d in deletes:
+            vin, ts_ms, request_id = decode_ids_key(d.key)
+            batch.ack(vin, ts_ms, request_id, now_ms)
+        return batch, deletes
+
+    def deletes_applied(self, deletes: list[Delete]) -> None:
+        """The delete batch is durable."""
+        self.vd.on_deleted(deletes)
+
+    def delivery_failures(self, node: str, failures: list[tuple]) -> None:
+        """The node's answer to a ``deliver`` call: clear in-flight state of what it could not send."""
+        vd = self.vd
+        for vin, gen, key, status in failures:
+            if status == DeliverStatus.NOT_CONNECTED:
+                vd.on_disconnect(vin, gen)
+            else:
+                vd.on_send_failed(vin, gen, key, unsubscribed=status == DeliverStatus.NOT_SUBSCRIBED)
+
+    def call_failed(self, node: str, sends: list[tuple]) -> None:
+        """A ``deliver`` call raised (not a dead node): its rows stay pending, in-flight state is cleared."""
+        for vin, gen, key, _rid, _did in sends:
+            self.vd.on_send_failed(vin, gen, key)
+
+    # -- introspection -----------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``fanout status`` and ``$SYS/fanout/...``."""
+        st = self.vd.stats()
+        ss = self.store.stats()
+        entries = ss["entries"]
+        return {
+            "shard": self.shard,
+            "pending_rows": entries["ids"],
+            "requests_rows": entries["reqs"],
+            "data_blobs": entries["data"],
+            "in_flight": st.inflight,
+            "connected": st.connected,
+            "vehicles": st.vehicles,
+            "sent": st.sent,
+            "delivered": st.delivered,
+            "stale_events": st.stale_events,
+            "events": self.events_in,
+            "rows_enqueued": self.rows_enqueued,
+            "takeovers": self.takeovers,
+            "clients": len(self._clients),
+            "applied_seq": ss["applied_seq"],
+            "used_bytes": ss["used_bytes"],
+        }
+
+    def inspect_vin(self, vin: str) -> dict[str, Any]:
+        """Dispatch state and pending rows of one VIN."""
+        vs = self.vd.vehicle(vin)
+        rows = self.store.next_rows(vin, limit=INSPECT_ROWS)
+        state = None
+        if vs is not None:
+            state = {"node": vs.node, "generation": vs.generation, "subscribed": vs.subscribed,
+                     "inflight": _inflight_json(vs.inflight), "resumed_inflight": vs.resumed_inflight}
+        client = self._clients.get(vin)
+        return {
+            "vin": vin, "shard": self.shard, "state": state,
+            "connection": None if client is None else {"node": client[0], "generation": client[1]},
+            "pending_rows": self.store.pending_count(vin),
+            "rows": [{"ts_ms": r.ts_ms, "request_id": r.request_id, "data_id": r.data_id} for r in rows],
+        }
+
+    def inspect_request(self, request_id: str, limit: int = 1000) -> dict[str, Any]:
+        """``reqs`` rows of one request on this shard: counts per status and a sample."""
+        rows = self.store.request_rows(request_id, limit=limit)
+        by_status: dict[str, int] = {}
+        for r in rows:
+            by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+        return {"shard": self.shard, "rows": len(rows), "by_status": by_status, "truncated": len(rows) >= limit,
+                "sample": rows[:INSPECT_ROWS]}
+
+    def inspect_data(self, data_id: str) -> dict[str, Any] | None:
+        """Meta of one blob on this shard, or None."""
+        return self.store.get_meta(data_id)
+
+
+__all__ = ["ShardCore", "FanoutDispatch", "PrefetchRows"]
