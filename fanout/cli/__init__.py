@@ -15,6 +15,8 @@ from typing import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "config_cmd",
     "passwd",
+    "send",
+    "outbox",
 )
 
 

@@ -150,12 +150,13 @@ class FanoutClient(Pump):
         await self.close()
 
     async def start(self, connect_wait_s: float | None = None) -> None:
-        """Open the outbox, start the connection, and wait (bounded) for the first connection.
+        """Open the outbox, start the connection, and wait (bounded) for the first connection attempt.
 
         A cluster that is down is not an error: the client starts in COLD mode and keeps trying.
 
         Args:
-            connect_wait_s: how long to wait for the first connection (default ``connect_timeout_s``).
+            connect_wait_s: how long to wait for the outcome of the first connection attempt
+                (default ``connect_timeout_s`` + 1 s).
 
         Raises:
             OutboxLocked: another process uses ``outbox_dir``.
@@ -167,6 +168,7 @@ class FanoutClient(Pump):
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
         self._connected = asyncio.Event()
+        self._first_attempt = asyncio.Event()
         self._outbox = await loop.run_in_executor(None, lambda: Outbox(self.outbox_dir, policy=self.policy, dead_letter_retain_days=self._retain_days))
         self._writer = GroupWriter(self._outbox)
         await self._writer.run(self._outbox.prune_dead_letters)
@@ -176,9 +178,11 @@ class FanoutClient(Pump):
                  dead_letters=self._outbox.dead_count, durability=self.durability, mode=self._mode)
         for coro, name in ((self._connection_loop(), "connect"), (self._pump(), "pump"), (self._housekeeping(), "housekeeping")):
             self._tasks.append(loop.create_task(coro, name=f"fanout-client-{name}"))
-        try:
-            await asyncio.wait_for(self._connected.wait(), self._connect_timeout_s if connect_wait_s is None else connect_wait_s)
+        try:  # wait for the first attempt's outcome, not for a connection that may never come
+            await asyncio.wait_for(self._first_attempt.wait(), self._connect_timeout_s + 1 if connect_wait_s is None else connect_wait_s)
         except asyncio.TimeoutError:
+            pass
+        if self._conn is None:
             log.warning("client.start_disconnected", host=self.host, port=self.port, error=self._last_error)
 
     async def close(self) -> None:

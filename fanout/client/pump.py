@@ -51,6 +51,7 @@ class Pump:
         _wake: asyncio.Event
         _lost: asyncio.Event
         _connected: asyncio.Event
+        _first_attempt: asyncio.Event
         _ring: Ring[Submission]
         _inflight: Inflight
         _cold: deque[Submission]
@@ -96,6 +97,7 @@ class Pump:
             try:
                 await conn.open(self.host, self.port, self._connect_timeout_s)
             except ConnectFailed as exc:
+                self._first_attempt.set()
                 self._last_error = str(exc)
                 failures += 1
                 (log.warning if failures == 1 else log.debug)("client.connect_failed", error=str(exc), retry_in_s=delay)
@@ -108,6 +110,7 @@ class Pump:
             self._inflight = Inflight()
             conn.subscribe(errors_topic(self.client_id))
             self._connected.set()
+            self._first_attempt.set()
             log.info("client.connected", host=self.host, port=self.port, client_id=self.client_id,
                      outbox=self._outbox.depth if self._outbox else 0, suspects=len(self._suspects))
             self._outbox_dirty = True
