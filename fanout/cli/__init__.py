@@ -15,6 +15,7 @@ from typing import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "config_cmd",
     "passwd",
+    "broker",
     "send",
     "outbox",
 )
