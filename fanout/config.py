@@ -200,6 +200,10 @@ class Section:
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable (a Config is passed to Ray actors); without this, unpickling recurses in __getattr__.
+        return (Section, (self._name, self._values))
+
 
 @dataclass(frozen=True)
 class Config:
