@@ -237,11 +237,11 @@ def _rows_of(cur: lmdb.Cursor, prefix: bytes, vin: str, limit: int, after_key: b
     if limit < 1 or not cur.set_range(keys.key_after(after_key) if after_key is not None else prefix):
         return rows
     plen = len(prefix)
-    for key, raw in cur:
-        if not key.startswith(prefix):
+    key = cur.key()
+    while key.startswith(prefix):  # cursor steps, not iteration: limit=1 is the common case
+        rows.append(QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
+                             tables.unpack(cur.value())))
+        if len(rows) >= limit or not cur.next():
             break
-        ts_ms = int.from_bytes(key[plen:plen + 8], "big")
-        rows.append(QueueRow(key, vin, ts_ms, key[plen + 8:].decode(), tables.unpack(raw)))
-        if len(rows) >= limit:
-            break
+        key = cur.key()
     return rows

@@ -17,14 +17,14 @@ request_ids = st.text(alphabet=st.characters(blacklist_characters="\x00", blackl
 timestamps = st.integers(min_value=0, max_value=keys.MAX_TS_MS)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(ascii_vins, timestamps, request_ids), min_size=2, max_size=40))
 def test_ids_keys_sort_like_tuples(rows):
     encoded = sorted(rows, key=lambda r: keys.ids_key(*r))
     assert encoded == sorted(rows)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(request_ids, ascii_vins), min_size=2, max_size=40))
 def test_reqs_keys_sort_like_tuples(rows):
     assert sorted(rows, key=lambda r: keys.reqs_key(*r)) == sorted(rows)

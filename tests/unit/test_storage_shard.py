@@ -353,3 +353,53 @@ def test_batch_builders_validate():
         WriteBatch().put_retained("t", b"", 3, T0)
     with pytest.raises(ValueError):
         WriteBatch().put_metric("m", None, T0)
+
+
+def test_disk_full_becomes_store_full_error(store, monkeypatch):
+    import errno
+
+    def disk_full(*args, **kwargs):
+        raise lmdb.DiskError("mdb_txn_commit", errno.ENOSPC)
+
+    monkeypatch.setattr(store, "_apply_once", disk_full)
+    with pytest.raises(StoreFullError, match="disk full"):
+        store.apply(WriteBatch().put_metric("m", 1, T0))
+
+    def os_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "_apply_once", os_full)
+    with pytest.raises(StoreFullError, match="disk full"):
+        store.apply(WriteBatch().put_metric("m", 1, T0))
+
+
+def test_reads_in_threads_survive_map_growth(tmp_path):
+    import threading
+
+    store = ShardStore(tmp_path / "s", 0, map_size_bytes=64 << 10, sync=False, grow_ahead=False)
+    store.apply(WriteBatch().enqueue("V0", T0, "r", "d").put_blob("d", b"blob", T0))
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader():
+        try:
+            while not stop.is_set():
+                assert store.next_rows("V0")[0].data_id == "d"
+                assert store.get_blob("d") == b"blob"
+                store.scan("ids", None, 50)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(12):
+            store.apply(WriteBatch().enqueue_many([f"W{i}-{j:05d}" for j in range(1500)], T0, "r", "d"))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert store.stats()["map_size_bytes"] > 64 << 10 and store.pending_count() == 1 + 12 * 1500
+    store.close()
