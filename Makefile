@@ -33,7 +33,7 @@ mosquitto:
 run: install
 	$(BIN)/python scripts/demo.py
 
-test: install java
+test: install java mosquitto
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-unit: install
