@@ -99,9 +99,18 @@ class IngestRounds:
         self._max_blob = int(config.fanout.max_blob_size_bytes)
         self._wall = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self._known: dict[str, int] = {}  # data_id -> trusted until (wall ms)
+        self._last_ts = 0
         self.triggers_ok = 0
         self.blobs_ok = 0
         self.rejected = 0
+
+    def _next_ts(self, now: int) -> int:
+        """Row timestamp of the next trigger: wall-clock ms, strictly increasing on this node, so that a
+        vehicle's queue follows publish order even for triggers of one round (rows sort by ts, then
+        request_id). Under more than 1,000 triggers/s it runs ahead of the clock by the excess."""
+        ts = now if now > self._last_ts else self._last_ts + 1
+        self._last_ts = ts
+        return ts
 
     def forget_data(self) -> None:
         """Drop the known-data cache (e.g. after a GC pass deleted blobs)."""
@@ -230,12 +239,13 @@ class IngestRounds:
         for w in triggers:
             trig = w.trigger
             assert trig is not None and w.buckets is not None
+            ts = self._next_ts(now)
             big = len(trig.vins) > 10_000
             for shard, vins in enumerate(w.buckets):
                 if not vins:
                     continue
                 joined = await loop.run_in_executor(None, join_vins, vins) if big else join_vins(vins)
-                per_shard.setdefault(shard, []).append((trig.request_id, trig.data_id, joined, now))
+                per_shard.setdefault(shard, []).append((trig.request_id, trig.data_id, joined, ts))
                 owners.setdefault(shard, []).append(w)
             w.buckets = None
         shards = list(per_shard)

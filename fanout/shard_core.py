@@ -359,6 +359,10 @@ class ShardCore:
             batch.ack(vin, ts_ms, request_id, now_ms)
         return batch, deletes
 
+    def requeue_deletes(self, deletes: list[Delete]) -> None:
+        """A delete batch failed to apply: put its deletes back in front (retried with the next batch)."""
+        self._deletes[:0] = deletes
+
     def deletes_applied(self, deletes: list[Delete]) -> None:
         """The delete batch is durable."""
         self.vd.on_deleted(deletes)

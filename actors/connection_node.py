@@ -1,0 +1,259 @@
+"""ConnectionNode actor: one per Ray node; runs the MQTT listener and moves FanoutEdge's batches.
+
+Strategy (after Ray Serve's proxy actor, STYLE.md section 4):
+
+- ``__init__`` never blocks: it schedules the server start as a task. :meth:`ready` awaits it and re-raises
+  a bind or config failure with host:port in the message. No signal handlers (an actor has no main thread).
+- What it owns: the :class:`fanout.mqtt.aio.MQTTServer` (live connections and sessions) and the
+  :class:`fanout.edge.FanoutEdge` plugged into its broker. All protocol and fanout decisions are in those
+  two; this class only ships batches:
+  - events: at most once per ``fanout.tick`` one ``events`` call per dispatcher with everything queued,
+    one call in flight per dispatcher (ordered; while it runs, the next batch accumulates);
+  - ingest rounds: one task at a time (:meth:`FanoutEdge.process_ingest`);
+  - forwards to peers: one ``forward`` call per peer in flight, queued ones go with the next;
+  - route announcements: diffs of the local filter set, at most every 50 ms, to every peer.
+- A dispatcher that answers with a new incarnation restarted with an empty state: the node resends the
+  connections it holds for that shard (``sync_events``) in front of its queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import ray
+import structlog
+
+from fanout import log as fanout_log
+from fanout.edge import FanoutEdge
+
+log = structlog.get_logger(__name__)
+
+ROUTE_PERIOD_S = 0.05
+
+
+class _RayShardLink:
+    """:class:`fanout.ingest.ShardLink` over dispatcher actor handles."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self._handles = handles
+        self.shards = len(handles)
+
+    async def put_blobs(self, shard: int, items: list[tuple]) -> Any:
+        return await self._handles[shard].put_blobs.remote(items)
+
+    async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
+        return await self._handles[shard].has_data.remote(data_ids)
+
+    async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
+        return await self._handles[shard].ingest.remote(items)
+
+
+@ray.remote(num_cpus=0)
+class ConnectionNode:
+    """The MQTT node of one Ray node.
+
+    Args:
+        config: the loaded :class:`fanout.config.Config`.
+        node_id: this node's fanout id (short, sent with every event batch).
+        host: listener address.
+        port: listener port (0 = any free port; :meth:`ready` reports the real one).
+        dispatchers: dispatcher handles, index = shard.
+    """
+
+    def __init__(self, config: Any, node_id: str, host: str, port: int, dispatchers: list[Any]) -> None:
+        fanout_log.ensure_configured()
+        self.config = config
+        self.node_id = node_id
+        self.host = host
+        self._port = port
+        self._dispatchers = list(dispatchers)
+        self._tick_s = config.fanout.tick_ms / 1000.0
+        self.edge = FanoutEdge(config, node_id, _RayShardLink(self._dispatchers), on_pending=self._schedule_flush)
+        self.server: Any = None
+        self._peers: dict[str, Any] = {}
+        self._events_busy: set[int] = set()
+        self._forward_busy: set[str] = set()
+        self._incarnations: dict[int, str] = {}
+        self._ingest_task: asyncio.Task | None = None
+        self._flush_handle: asyncio.Handle | None = None
+        self._fanout_sys: dict[str, Any] = {}
+        self._stopping = False
+        self._loop = asyncio.get_event_loop()
+        self._start_task = self._loop.create_task(self._start())
+        self._route_task: asyncio.Task | None = None
+
+    async def _start(self) -> None:
+        from fanout.mqtt.aio import MQTTServer
+
+        server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge)
+        self.edge.attach(server.broker)
+        server.broker.sys.add_source(lambda: dict(self._fanout_sys))
+        await server.start()  # RuntimeError naming host:port when the bind fails
+        self.server = server
+        self._route_task = self._loop.create_task(self._route_loop())
+        log.info("connection node ready", node_id=self.node_id, host=self.host, port=server.port, pid=os.getpid())
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        """Wait until the listener accepts connections.
+
+        Returns:
+            ``{node_id, host, port, ray_node_id}`` with the real port.
+
+        Raises:
+            RuntimeError: the address cannot be bound; ConfigError: e.g. a non-loopback host without users.
+        """
+        try:
+            await asyncio.shield(self._start_task)
+        except Exception as exc:
+            log.error("connection node failed to start", node_id=self.node_id, host=self.host, port=self._port,
+                      error=str(exc))
+            raise
+        return {"node_id": self.node_id, "host": self.host, "port": self.server.port,
+                "ray_node_id": ray.get_runtime_context().get_node_id()}
+
+    async def check_health(self) -> None:
+        """Raises if the listener failed; returning proves the event loop runs."""
+        if self._start_task.done() and self._start_task.exception() is not None:
+            raise self._start_task.exception()  # type: ignore[misc]
+
+    async def drain(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        """Stop accepting and close every connection gracefully (wills are not published)."""
+        self._stopping = True
+        if self._route_task is not None:
+            self._route_task.cancel()
+        if self.server is not None:
+            await self.server.stop(drain=True, timeout=timeout_s)
+        return self.edge.stats()
+
+    async def set_peers(self, peers: dict[str, Any]) -> None:
+        """The other connection nodes (``{node_id: handle}``)."""
+        self._peers = {n: h for n, h in peers.items() if n != self.node_id}
+        self.edge.routes.set_peers(self._peers)
+
+    # -- calls from dispatchers -------------------------------------------------------------------------------
+
+    async def deliver(self, sends: list[tuple], payloads: dict[str, bytes], kicks: list[tuple]) -> list[tuple]:
+        """Deliver a dispatcher's batch; returns the failed sends (see :mod:`fanout.wire`)."""
+        if self.server is None:
+            return [(s[0], s[1], s[2], 2) for s in sends]
+        return self.edge.apply_deliveries(sends, payloads, kicks)
+
+    async def kick(self, client_ids: list[str]) -> int:
+        """Close the live connections of these client ids (any generation)."""
+        return self.edge.kick([(cid, None) for cid in client_ids])
+
+    # -- calls from peers and the controller --------------------------------------------------------------------
+
+    async def update_routes(self, node_id: str, added: list[str], removed: list[str], reset: bool) -> None:
+        """A peer's filter announcement."""
+        self.edge.routes.update(node_id, added, removed, reset)
+
+    async def forward(self, node_id: str, messages: list[tuple]) -> int:
+        """Publishes from a peer's clients: ``(topic, payload, qos, retain)``, delivered locally only."""
+        if self.server is None:
+            return 0
+        publish = self.server.broker.publish_local
+        return sum(publish(t, p, q, r) for t, p, q, r in messages)
+
+    async def peer_down(self, node_id: str) -> None:
+        """Forget a dead peer's routes."""
+        self._peers.pop(node_id, None)
+        self.edge.routes.remove_node(node_id)
+
+    async def set_sys(self, values: dict[str, Any]) -> None:
+        """Cluster-wide ``$SYS/fanout/...`` values, published with this node's ``$SYS`` tree."""
+        self._fanout_sys = dict(values)
+
+    async def sys_snapshot(self) -> dict[str, Any]:
+        """This node's full ``$SYS`` snapshot ``{topic: value}``."""
+        if self.server is None:
+            return {}
+        return self.server.broker.sys.snapshot(int(time.monotonic() * 1000))
+
+    async def stats(self) -> dict[str, Any]:
+        """Node counters for ``fanout status``."""
+        port = self.server.port if self.server is not None else self._port
+        return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats()}
+
+    async def generation_of(self, client_id: str) -> int | None:
+        return self.edge.generation_of(client_id)
+
+    # -- shipping batches -------------------------------------------------------------------------------------
+
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None and not self._stopping:
+            if self._tick_s > 0:
+                self._flush_handle = self._loop.call_later(self._tick_s, self._flush)
+            else:
+                self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        edge = self.edge
+        loop = self._loop
+        if edge.has_events():
+            for shard, events in edge.take_events(self._events_busy).items():
+                self._events_busy.add(shard)
+                loop.create_task(self._send_events(shard, events))
+        if edge.has_tickets() and (self._ingest_task is None or self._ingest_task.done()):
+            self._ingest_task = loop.create_task(self._run_ingest())
+        if edge.routes.has_forwards():
+            for node, messages in edge.routes.take_forwards(self._forward_busy).items():
+                handle = self._peers.get(node)
+                if handle is not None:
+                    self._forward_busy.add(node)
+                    loop.create_task(self._send_forwards(node, handle, messages))
+
+    async def _send_events(self, shard: int, events: list[tuple]) -> None:
+        try:
+            incarnation = await self._dispatchers[shard].events.remote(self.node_id, events)
+            previous = self._incarnations.get(shard)
+            self._incarnations[shard] = incarnation
+            if previous is not None and previous != incarnation:
+                n = len(self.edge.sync_events(shard))
+                log.warning("dispatcher restarted, resending connections", shard=shard, connections=n)
+        except Exception as exc:
+            # Beyond Ray's retries (dispatcher gone for good): the batch is lost; resend what we know.
+            log.error("events call failed", shard=shard, events=len(events), error=str(exc)[:300])
+            self._incarnations.pop(shard, None)
+            self.edge.sync_events(shard)
+        finally:
+            self._events_busy.discard(shard)
+            if self.edge.has_events():
+                self._schedule_flush()
+
+    async def _run_ingest(self) -> None:
+        try:
+            await self.edge.process_ingest()
+        except Exception:
+            log.exception("ingest round failed", node_id=self.node_id)
+
+    async def _send_forwards(self, node: str, handle: Any, messages: list[tuple]) -> None:
+        try:
+            await handle.forward.remote(self.node_id, messages)
+        except Exception as exc:
+            log.warning("forward to peer failed", peer=node, messages=len(messages), error=str(exc)[:200])
+        finally:
+            self._forward_busy.discard(node)
+            if self.edge.routes.has_forwards():
+                self._schedule_flush()
+
+    async def _route_loop(self) -> None:
+        broker = self.server.broker
+        while not self._stopping:
+            await asyncio.sleep(ROUTE_PERIOD_S)
+            try:
+                ann = self.edge.routes.announcement(int(time.monotonic() * 1000), filters_fn=broker.route_filters)
+                if ann is not None:
+                    added, removed, reset = ann
+                    for handle in self._peers.values():
+                        handle.update_routes.remote(self.node_id, added, removed, reset)
+            except Exception:
+                log.exception("route announcement failed", node_id=self.node_id)
+
+
+__all__ = ["ConnectionNode"]

@@ -1,0 +1,327 @@
+"""Controller actor: places and wires the fanout actors, aggregates status, runs periodic housekeeping.
+
+Strategy:
+
+- One per cluster, named ``fanout-controller`` in namespace ``sdv-fanout`` (``fanout status`` and
+  ``fanout inspect`` find it by name). It creates the dispatcher pool (``fanout.dispatchers``, 0 = one
+  per CPU of the cluster; shard ``k`` pinned to fanout node ``k % nodes`` because its LMDB directory
+  lives there) and one ConnectionNode per alive Ray node that has the ``fanout_node`` resource (pinned
+  with ``NodeAffinitySchedulingStrategy``). The first node binds the configured port, the others port 0
+  unless configured otherwise (several Ray nodes may share one machine, as in tests).
+- Wiring: nodes get the dispatcher handles at construction, dispatchers get the node map and nodes
+  their peers once every node is ready. The controller is on no hot path.
+- Housekeeping loop (every ``mqtt.sys_interval``): collect shard stats, push the cluster-wide
+  ``$SYS/fanout/...`` values to every node (published with each node's ``$SYS`` tree), and upsert every
+  ``$SYS`` value (``$SYS/fanout/...`` as is, each node's ``$SYS/broker/...`` as ``<topic>@<node_id>``)
+  into the ``metrics`` table of shard 0 with one WriteBatch applied by dispatcher 0. Also a health check
+  of the nodes: a node that stopped answering is announced down to dispatchers and peers.
+- GC: :meth:`run_gc` is the hook for export + Spark plan + apply (``storage/jobs``), not wired yet.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import ray
+import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from fanout import log as fanout_log
+from storage import WriteBatch
+
+from .connection_node import ConnectionNode
+from .dispatcher import Dispatcher
+
+log = structlog.get_logger(__name__)
+
+CONTROLLER_NAME = "fanout-controller"
+NAMESPACE = "sdv-fanout"
+HEALTH_PERIOD_S = 2.0
+HEALTH_TIMEOUT_S = 10.0
+
+
+def fanout_ray_nodes() -> list[dict[str, Any]]:
+    """Alive Ray nodes with the ``fanout_node`` resource, head first, then by node id."""
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("fanout_node", 0) >= 1]
+    return sorted(nodes, key=lambda n: (not n.get("is_head_node", False), n["NodeID"]))
+
+
+def _cause(exc: BaseException) -> str:
+    """The last line of a remote error (the original exception's message)."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
+    text = str(cause).strip()
+    return text.splitlines()[-1] if text else repr(cause)
+
+
+@ray.remote(num_cpus=0)
+class Controller:
+    """The cluster's controller.
+
+    Args:
+        config: the loaded :class:`fanout.config.Config` (``storage.data_dir`` is the shard root).
+    """
+
+    def __init__(self, config: Any) -> None:
+        fanout_log.ensure_configured()
+        self.config = config
+        self.data_dir = str(config.storage.data_dir)
+        self.dispatchers: list[Any] = []
+        self.nodes: dict[str, Any] = {}
+        self.node_info: dict[str, dict[str, Any]] = {}
+        self.down: set[str] = set()
+        self._loop_task: asyncio.Task | None = None
+        self._last_sys: dict[str, Any] = {}
+        self._started = False
+        self._addresses: set[str | None] = set()
+        self._ray_node_ids: dict[str, str] = {}
+        self._next_node = 0
+
+    async def start(self) -> dict[str, Any]:
+        """Create and wire the dispatchers and connection nodes; return when every listener is up.
+
+        Returns:
+            ``{"nodes": [{node_id, host, port, ray_node_id}], "shards": n}``.
+
+        Raises:
+            RuntimeError: no Ray node has the ``fanout_node`` resource, or a listener cannot start.
+        """
+        if self._started:
+            return self._info()
+        cfg = self.config
+        ray_nodes = fanout_ray_nodes()
+        if not ray_nodes:
+            raise RuntimeError("no alive Ray node has the 'fanout_node' resource (start Ray with "
+                               "--resources='{\"fanout_node\": 1}')")
+        shards = cfg.fanout.dispatchers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.dispatchers = [
+            Dispatcher.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_nodes[k % len(ray_nodes)]["NodeID"], soft=False),
+            ).remote(cfg, k, shards, self.data_dir)
+            for k in range(shards)
+        ]
+        await asyncio.gather(*(d.ready.remote() for d in self.dispatchers))
+        handles: dict[str, Any] = {}
+        for rn in ray_nodes:
+            node_id, handle = self._place_node(rn, handles)
+            handles[node_id] = handle
+        results = await asyncio.gather(*(h.ready.remote() for h in handles.values()), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for h in handles.values():
+                ray.kill(h)
+            raise RuntimeError(_cause(errors[0]))
+        self.nodes = handles
+        self.node_info = {r["node_id"]: r for r in results}  # type: ignore[index]
+        await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
+        await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
+        self._started = True
+        self._loop_task = asyncio.get_running_loop().create_task(self._housekeeping())
+        info = self._info()
+        log.info("fanout cluster started", nodes=info["nodes"], shards=shards)
+        return info
+
+    def _place_node(self, ray_node: dict[str, Any], existing: dict[str, Any]) -> tuple[str, Any]:
+        """Create the ConnectionNode of one Ray node (not started: await its ``ready``)."""
+        cfg = self.config
+        node_id = f"n{self._next_node}"
+        self._next_node += 1
+        address = ray_node.get("NodeManagerAddress")
+        # The configured port once per machine; other nodes on the same machine (tests) take any free port.
+        port = cfg.mqtt.port if address not in self._addresses else 0
+        self._addresses.add(address)
+        self._ray_node_ids[ray_node["NodeID"]] = node_id
+        handle = ConnectionNode.options(
+            resources={"fanout_node": 1},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node["NodeID"], soft=False),
+        ).remote(cfg, node_id, cfg.mqtt.host, port, self.dispatchers)
+        return node_id, handle
+
+    async def _add_new_nodes(self) -> None:
+        """Give Ray nodes that joined after start (``ray up`` workers) a ConnectionNode."""
+        new = [rn for rn in fanout_ray_nodes() if rn["NodeID"] not in self._ray_node_ids]
+        for rn in new:
+            node_id, handle = self._place_node(rn, self.nodes)
+            try:
+                info = await handle.ready.remote()
+            except Exception as exc:
+                log.error("connection node failed to start", node_id=node_id, error=_cause(exc))
+                ray.kill(handle)
+                continue
+            self.nodes[node_id] = handle
+            self.node_info[node_id] = info
+            log.info("connection node added", **info)
+            await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
+            await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
+
+    def _info(self) -> dict[str, Any]:
+        return {"nodes": [self.node_info[n] for n in sorted(self.node_info)], "shards": len(self.dispatchers)}
+
+    async def info(self) -> dict[str, Any]:
+        """Nodes (with their real ports) and the shard count."""
+        return self._info()
+
+    async def handles(self) -> dict[str, Any]:
+        """``{"dispatchers": [...], "nodes": {node_id: handle}}`` (tests, benchmarks, tools)."""
+        return {"dispatchers": list(self.dispatchers), "nodes": dict(self.nodes)}
+
+    async def check_health(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        """Drain every node, close every store, then kill the actors (the controller stays)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        await asyncio.gather(*(h.drain.remote() for h in self.nodes.values()), return_exceptions=True)
+        await asyncio.gather(*(d.close.remote() for d in self.dispatchers), return_exceptions=True)
+        for h in [*self.nodes.values(), *self.dispatchers]:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+        self.nodes, self.dispatchers, self._started = {}, [], False
+        log.info("fanout cluster stopped")
+
+    # -- status and inspect ------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """Cluster status: nodes, shards and totals (the ``fanout status`` JSON)."""
+        node_ids = sorted(self.nodes)
+        node_stats = await asyncio.gather(*(self.nodes[n].stats.remote() for n in node_ids), return_exceptions=True)
+        shard_stats = await asyncio.gather(*(d.stats.remote() for d in self.dispatchers), return_exceptions=True)
+        nodes = []
+        for n, st in zip(node_ids, node_stats):
+            if isinstance(st, BaseException):
+                info = self.node_info.get(n, {})
+                nodes.append({"node_id": n, "host": info.get("host"), "port": info.get("port"), "alive": False,
+                              "error": str(st)[:200]})
+            else:
+                nodes.append({**st, "url": f"mqtt://{st['host']}:{st['port']}", "alive": n not in self.down})
+        shards = []
+        for k, st in enumerate(shard_stats):
+            shards.append({"shard": k, "alive": False, "error": str(st)[:200]} if isinstance(st, BaseException)
+                          else {**st, "alive": True})
+        ok = [s for s in shards if s["alive"]]
+        totals = {
+            "nodes": len(nodes), "shards": len(shards),
+            "connections": sum(n.get("connections", 0) for n in nodes),
+            "pending_rows": sum(s["pending_rows"] for s in ok),
+            "in_flight": sum(s["in_flight"] for s in ok),
+            "delivered": sum(s["delivered"] for s in ok),
+            "data_blobs": max((s["data_blobs"] for s in ok), default=0),
+            "vehicles_connected": sum(s["connected"] for s in ok),
+        }
+        return {"nodes": nodes, "shards": shards, "totals": totals, "data_dir": self.data_dir}
+
+    async def inspect(self, kind: str, ident: str) -> dict[str, Any]:
+        """``fanout inspect vin|data|request ID``.
+
+        Raises:
+            ValueError: unknown kind or an invalid id.
+        """
+        from fanout.wire import shard_of
+
+        if not self.dispatchers:
+            raise RuntimeError("the fanout cluster is not started")
+        if kind == "vin":
+            from storage.keys import check_vin
+
+            check_vin(ident)
+            return await self.dispatchers[shard_of(ident, len(self.dispatchers))].inspect_vin.remote(ident)
+        if kind == "request":
+            parts = await asyncio.gather(*(d.inspect_request.remote(ident) for d in self.dispatchers))
+            by_status: dict[str, int] = {}
+            for p in parts:
+                for st, n in p["by_status"].items():
+                    by_status[st] = by_status.get(st, 0) + n
+            return {"request_id": ident, "rows": sum(p["rows"] for p in parts), "by_status": by_status,
+                    "shards": parts}
+        if kind == "data":
+            metas = await asyncio.gather(*(d.inspect_data.remote(ident) for d in self.dispatchers))
+            return {"data_id": ident, "present_on_shards": sum(m is not None for m in metas),
+                    "shards": len(metas), "meta": next((m for m in metas if m is not None), None)}
+        raise ValueError(f"unknown inspect kind {kind!r} (vin, data or request)")
+
+    # -- housekeeping ----------------------------------------------------------------------------------------
+
+    async def run_gc(self, now: bool = False) -> dict[str, Any]:
+        """Hook for the scheduled export + Spark plan + apply pass (``storage/jobs``).
+
+        Each dispatcher offers ``export_snapshot(out_dir)`` and ``apply_batch(batch_bytes)`` for it; the job
+        that plans deletions is not part of this build yet.
+
+        Returns:
+            ``{"status": "unavailable", ...}`` until the jobs exist.
+        """
+        log.info("gc requested", now=now, status="unavailable")
+        return {"status": "unavailable", "reason": "storage.jobs GC is not wired yet", "now": now}
+
+    async def sys_values(self) -> dict[str, Any]:
+        """The last cluster-wide ``$SYS/fanout/...`` values pushed to the nodes."""
+        return dict(self._last_sys)
+
+    async def publish_sys(self) -> dict[str, Any]:
+        """Collect stats, push ``$SYS/fanout/...`` to every node and upsert every ``$SYS`` value in ``metrics``.
+
+        Returns:
+            The ``$SYS/fanout/...`` values.
+        """
+        stats = await asyncio.gather(*(d.stats.remote() for d in self.dispatchers), return_exceptions=True)
+        ok = [s for s in stats if not isinstance(s, BaseException)]
+        values = {
+            "$SYS/fanout/pending": sum(s["pending_rows"] for s in ok),
+            "$SYS/fanout/inflight": sum(s["in_flight"] for s in ok),
+            "$SYS/fanout/delivered": sum(s["delivered"] for s in ok),
+            "$SYS/fanout/data_blobs": max((s["data_blobs"] for s in ok), default=0),
+            "$SYS/fanout/vehicles/connected": sum(s["connected"] for s in ok),
+            "$SYS/fanout/shards": len(self.dispatchers),
+        }
+        self._last_sys = values
+        node_ids = sorted(self.nodes)
+        await asyncio.gather(*(self.nodes[n].set_sys.remote(values) for n in node_ids), return_exceptions=True)
+        snaps = await asyncio.gather(*(self.nodes[n].sys_snapshot.remote() for n in node_ids), return_exceptions=True)
+        now_ms = time.time_ns() // 1_000_000
+        batch = WriteBatch()
+        for topic, value in values.items():
+            batch.put_metric(topic, value, now_ms)
+        for n, snap in zip(node_ids, snaps):
+            if isinstance(snap, BaseException):
+                continue
+            for topic, value in snap.items():
+                if not topic.startswith("$SYS/fanout/"):
+                    batch.put_metric(f"{topic}@{n}", value, now_ms)
+        if self.dispatchers:
+            await self.dispatchers[0].apply_batch.remote(batch.to_bytes())
+        return values
+
+    async def _housekeeping(self) -> None:
+        sys_s = self.config.mqtt.sys_interval_ms / 1000.0
+        next_sys = time.monotonic()
+        while True:
+            await asyncio.sleep(HEALTH_PERIOD_S if sys_s <= 0 else min(HEALTH_PERIOD_S, sys_s))
+            try:
+                await self._check_nodes()
+                await self._add_new_nodes()
+                if sys_s > 0 and time.monotonic() >= next_sys:
+                    next_sys = time.monotonic() + sys_s
+                    await self.publish_sys()
+            except Exception:
+                log.exception("controller housekeeping failed")
+
+    async def _check_nodes(self) -> None:
+        for node_id, handle in list(self.nodes.items()):
+            if node_id in self.down:
+                continue
+            try:
+                await asyncio.wait_for(handle.check_health.remote(), HEALTH_TIMEOUT_S)
+            except Exception as exc:
+                log.error("connection node down", node_id=node_id, error=str(exc)[:200])
+                self.down.add(node_id)
+                for d in self.dispatchers:
+                    d.node_down.remote(node_id)
+                for other, h in self.nodes.items():
+                    if other != node_id:
+                        h.peer_down.remote(node_id)
+
+
+__all__ = ["Controller", "CONTROLLER_NAME", "NAMESPACE", "fanout_ray_nodes"]

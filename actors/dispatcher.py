@@ -1,0 +1,269 @@
+"""Dispatcher actor: owns one LMDB shard and the dispatch state of its VINs (a thin shell over ShardCore).
+
+Strategy:
+
+- What it owns: the ``ShardStore`` at ``<data_dir>/shard-<k>`` (its only writer), a
+  :class:`fanout.shard_core.ShardCore` (per-VIN presence, in-flight row, takeover registry), and the
+  handles of the connection nodes it delivers to.
+- One writer: every mutation is a ``WriteBatch`` applied on a single-thread executor, so an fsync never
+  blocks the event loop and batches are applied in the order they were submitted (the order the
+  replication layer will ship them in). Reads run in the loop (LMDB readers do not wait for the writer).
+- The tick: inputs (``events``, ``ingest``) only update state and set a wake flag. The tick task then
+  waits ``fanout.tick`` (coalescing everything that arrives meanwhile), drains the plan, writes all acked
+  rows' deletes in ONE batch (while one delete batch is being written, the next accumulates) and ships
+  sends with ONE ``deliver`` call per node; at most :data:`MAX_CALLS_PER_NODE` calls are in flight per
+  node and the rest waits for the next call. Idle, it sleeps on an event: no polling.
+- ``max_restarts=-1``: a restarted dispatcher reopens its shard (nothing acknowledged is lost, it is in
+  LMDB) with an empty in-memory state; its ``incarnation`` changes, and each node then resends the
+  connections it holds for this shard (``FanoutEdge.sync_events``). ``max_task_retries`` is safe because
+  every method is idempotent: ingest by (request_id, vin), acks by row key, connects by generation.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import ray
+import structlog
+
+from fanout import log as fanout_log
+from fanout.shard_core import ShardCore
+from storage import ShardStore, WriteBatch
+from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
+
+log = structlog.get_logger(__name__)
+
+MAX_CALLS_PER_NODE = 2
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=3)
+class Dispatcher:
+    """One shard's dispatcher.
+
+    Args:
+        config: the loaded :class:`fanout.config.Config`.
+        shard: this shard's index.
+        shards: the pool size.
+        data_dir: root of the shard directories.
+    """
+
+    def __init__(self, config: Any, shard: int, shards: int, data_dir: str) -> None:
+        fanout_log.ensure_configured()
+        self.config = config
+        self.shard = shard
+        self.incarnation = uuid.uuid4().hex[:12]
+        st = config.storage
+        path = Path(data_dir) / f"shard-{shard}"
+        self.store = ShardStore(path, shard, map_size_bytes=st.map_size_bytes,
+                                max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
+        self.core = ShardCore(self.store, shard, shards)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
+        self._tick_s = config.fanout.tick_ms / 1000.0
+        self._nodes: dict[str, Any] = {}
+        self._calls: dict[str, int] = {}
+        self._deleting = False
+        self._closed = False
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_event_loop().create_task(self._run())
+        log.info("dispatcher started", shard=shard, shards=shards, path=str(path), incarnation=self.incarnation,
+                 applied_seq=self.store.applied_seq, pid=os.getpid())
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        """Returns ``{shard, incarnation, applied_seq}`` once the store is open."""
+        return {"shard": self.shard, "incarnation": self.incarnation, "applied_seq": self.store.applied_seq}
+
+    async def check_health(self) -> None:
+        """Raises if the tick task died (Ray then restarts the actor)."""
+        if self._task.done() and not self._closed:
+            raise RuntimeError(f"dispatcher {self.shard} tick task ended: {self._task.exception()!r}")
+
+    async def set_nodes(self, nodes: dict[str, Any]) -> None:
+        """The connection nodes (``{node_id: handle}``); a node missing from the new map is down."""
+        for gone in set(self._nodes) - set(nodes):
+            self.core.node_down(gone)
+        self._nodes = dict(nodes)
+        self._kick()
+
+    async def node_down(self, node_id: str) -> None:
+        """A node died or restarted: forget every connection it had."""
+        self.core.node_down(node_id)
+        self._kick()
+
+    async def close(self) -> None:
+        """Stop the tick, finish pending writes, close the store."""
+        self._closed = True
+        self._task.cancel()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, lambda: None)  # drain queued writes
+        self._writer.shutdown(wait=True)
+        self.store.close()
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+
+    async def put_blobs(self, items: list[tuple]) -> list[None]:
+        """Store ``[(data_id, blob, ts_ms)]`` durably; returns after the commit."""
+        batch = self.core.blob_batch(items)
+        await self._write(batch)
+        self.core.blobs_stored(items)
+        return [None] * len(items)
+
+    async def has_data(self, data_ids: list[str]) -> list[bool]:
+        """Whether each data id has a blob on this shard."""
+        return self.core.has_data(data_ids)
+
+    async def ingest(self, items: list[tuple]) -> list[Any]:
+        """Durably enqueue ``[(request_id, data_id, joined_vins, ts_ms)]``, then dispatch the new rows.
+
+        Returns:
+            Per item ``{"vins": n}`` or an error string (unknown data id: nothing written for it).
+        """
+        batch, results, vin_lists = self.core.ingest_batch(items)
+        if batch:
+            counts = await self._write(batch)
+            self.core.ingested(vin_lists, counts)
+            self._kick()
+        return results
+
+    async def events(self, node_id: str, events: list[tuple]) -> str:
+        """Apply one node's event batch.
+
+        Returns:
+            This dispatcher's incarnation (a change tells the node to resend its connections).
+        """
+        self.core.apply_events(node_id, events)
+        self._kick()
+        return self.incarnation
+
+    async def deliveries_done(self, node_id: str, failures: list[tuple]) -> None:
+        """Failures reported for an earlier ``deliver`` batch (also applied internally on each reply)."""
+        self.core.delivery_failures(node_id, failures)
+        self._kick()
+
+    async def apply_batch(self, batch_bytes: bytes) -> dict[str, Any]:
+        """Apply a WriteBatch built elsewhere (a GC plan, metrics) through this shard's single writer.
+
+        Returns:
+            ``{"applied_seq": n, "counts": {...}}``.
+        """
+        batch = WriteBatch.from_bytes(batch_bytes)
+        counts = await self._write(batch)
+        if any(op[0] in (DELETE_BLOB, DELETE_BLOB_IF) for op in batch.ops):  # blobs gone: drop data caches
+            self.core.forget_data()
+        return {"applied_seq": self.store.applied_seq, "counts": counts}
+
+    async def export_snapshot(self, out_dir: str) -> dict[str, Any]:
+        """Export this shard for the Spark jobs (``storage.jobs.export``, imported lazily).
+
+        Raises:
+            RuntimeError: the export module is not available yet.
+        """
+        try:
+            from storage.jobs import export  # type: ignore[attr-defined]
+        except ImportError as exc:
+            raise RuntimeError("storage.jobs.export is not available in this build") from exc
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, export.export_shard, self.store, out_dir)  # type: ignore[attr-defined]
+
+    # -- introspection ----------------------------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """Shard counters (pending rows, in flight, delivered, applied_seq, ...)."""
+        out = self.core.stats()
+        out["incarnation"] = self.incarnation
+        out["calls_in_flight"] = sum(self._calls.values())
+        return out
+
+    async def metrics(self) -> list[dict[str, Any]]:
+        """Every row of this shard's ``metrics`` table (``$SYS`` values are upserted on shard 0)."""
+        return self.store.get_metrics_all()
+
+    async def inspect_vin(self, vin: str) -> dict[str, Any]:
+        return self.core.inspect_vin(vin)
+
+    async def inspect_request(self, request_id: str) -> dict[str, Any]:
+        return self.core.inspect_request(request_id)
+
+    async def inspect_data(self, data_id: str) -> dict[str, Any] | None:
+        return self.core.inspect_data(data_id)
+
+    # -- the tick ----------------------------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self.core.has_work:
+            self._wake.set()
+
+    async def _write(self, batch: WriteBatch) -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._writer, self.store.apply, batch)
+        return result.counts
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._tick_s > 0:
+                await asyncio.sleep(self._tick_s)
+            try:
+                self._tick()
+            except Exception:
+                log.exception("dispatcher tick failed", shard=self.shard)
+
+    def _tick(self) -> None:
+        core = self.core
+        now = _now_ms()
+        core.drain(now)
+        if not self._deleting:
+            taken = core.take_deletes(now)
+            if taken is not None:
+                self._deleting = True
+                asyncio.get_running_loop().create_task(self._write_deletes(*taken))
+        for node in core.nodes_with_output():
+            if self._calls.get(node, 0) >= MAX_CALLS_PER_NODE:
+                continue  # pipelined into the next call
+            handle = self._nodes.get(node)
+            if handle is None:
+                core.node_down(node)
+                continue
+            sends, payloads, kicks = core.take_node_batch(node)
+            self._calls[node] = self._calls.get(node, 0) + 1
+            asyncio.get_running_loop().create_task(self._deliver(node, handle, sends, payloads, kicks))
+
+    async def _write_deletes(self, batch: WriteBatch, deletes: list) -> None:
+        try:
+            await self._write(batch)
+            self.core.deletes_applied(deletes)
+        except Exception:
+            log.exception("dispatcher delete batch failed", shard=self.shard, rows=len(deletes))
+            self.core.requeue_deletes(deletes)  # retried with the next batch
+        finally:
+            self._deleting = False
+            self._kick()
+
+    async def _deliver(self, node: str, handle: Any, sends: list, payloads: dict, kicks: list) -> None:
+        try:
+            failures = await handle.deliver.remote(sends, payloads, kicks)
+            if failures:
+                self.core.delivery_failures(node, failures)
+        except ray.exceptions.RayActorError as exc:
+            log.warning("connection node unreachable", node=node, shard=self.shard, error=str(exc)[:200])
+            self.core.node_down(node)
+        except Exception:
+            log.exception("deliver call failed", node=node, shard=self.shard, sends=len(sends))
+            self.core.call_failed(node, sends)
+        finally:
+            self._calls[node] -= 1
+            self._kick()
+
+
+__all__ = ["Dispatcher", "MAX_CALLS_PER_NODE"]

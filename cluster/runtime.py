@@ -1,0 +1,224 @@
+"""Starting or joining Ray, placing the fanout actors, finding a running cluster.
+
+Strategy:
+
+- ``address="local"`` (the embedded default) starts a private Ray instance on this machine with the
+  ``fanout_node`` resource (``cluster.num_cpus``, ``cluster.object_store_memory``, no dashboard); it dies
+  with the process. ``auto`` or ``HOST:PORT`` joins an existing cluster, where every Ray node that should
+  run a listener was started with ``--resources='{"fanout_node": 1}'``; the controller is then a
+  detached actor so the cluster outlives a client disconnect, and ``fanout up`` still kills it on exit.
+- Everything lives in the Ray namespace ``sdv-fanout``; the controller is the named actor
+  ``fanout-controller``. After start, the Ray address is written to ``<data_dir>/ray_address`` so that
+  ``fanout status``/``inspect`` with the same config find the embedded cluster without flags (a
+  ``local`` Ray instance is not registered where ``address="auto"`` looks when another cluster runs).
+- :func:`start_fanout` works on an already initialised Ray too (tests: the session's local Ray).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+ADDRESS_FILE = "ray_address"
+
+
+@dataclass(slots=True)
+class FanoutCluster:
+    """A started fanout cluster as seen from the driver.
+
+    Attributes:
+        controller: the Controller actor handle.
+        info: ``Controller.start`` result (``nodes`` with real ports, ``shards``).
+        name: the controller's actor name.
+        owns_ray: this process started Ray (``address="local"``) and shuts it down on stop.
+    """
+
+    controller: Any
+    info: dict[str, Any]
+    name: str
+    owns_ray: bool = False
+    stopped: bool = field(default=False)
+
+    @property
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self.info["nodes"])
+
+    @property
+    def host(self) -> str:
+        return str(self.info["nodes"][0]["host"])
+
+    @property
+    def port(self) -> int:
+        return int(self.info["nodes"][0]["port"])
+
+    @property
+    def url(self) -> str:
+        """``mqtt://H:P`` of the first node (IPv6 literals in brackets)."""
+        host = self.host
+        return f"mqtt://[{host}]:{self.port}" if ":" in host else f"mqtt://{host}:{self.port}"
+
+    def status(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.controller.status.remote(), timeout=timeout_s)
+
+    def inspect(self, kind: str, ident: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.controller.inspect.remote(kind, ident), timeout=timeout_s)
+
+    def stop(self, *, shutdown_ray: bool | None = None, timeout_s: float = 30.0) -> None:
+        """Drain nodes, close stores, kill every fanout actor; shut Ray down if this process started it.
+
+        Args:
+            shutdown_ray: override; default shuts down only a Ray instance this process started.
+            timeout_s: bound on the graceful part (the actors are killed either way).
+        """
+        import ray
+
+        if self.stopped:
+            return
+        self.stopped = True
+        try:
+            ray.get(self.controller.shutdown.remote(), timeout=timeout_s)
+        except Exception as exc:  # a dead controller: kill what can be killed below
+            log.warning("fanout shutdown incomplete", error=str(exc)[:300])
+        try:
+            ray.kill(self.controller, no_restart=True)
+        except Exception:
+            pass
+        if shutdown_ray if shutdown_ray is not None else self.owns_ray:
+            ray.shutdown()
+
+
+def init_ray(config: Any, address: str, *, log_to_driver: bool = True) -> bool:
+    """Start or join Ray (no-op when already initialised).
+
+    Args:
+        config: loaded config (``[cluster]``).
+        address: ``local``, ``auto`` or ``HOST:PORT``.
+        log_to_driver: stream actor logs to this process's stderr.
+
+    Returns:
+        True when this call started a local Ray instance.
+    """
+    import ray
+
+    from actors.controller import NAMESPACE
+
+    if ray.is_initialized():
+        return False
+    common = {"namespace": NAMESPACE, "log_to_driver": log_to_driver, "configure_logging": False}
+    if address == "local":
+        cl = config.cluster
+        ray.init(address="local", num_cpus=cl.num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                 object_store_memory=cl.object_store_memory_bytes, resources={"fanout_node": 1}, **common)
+        return True
+    ray.init(address=address, **common)
+    return False
+
+
+def start_fanout(config: Any, *, address: str | None = None, name: str | None = None,
+                 detached: bool | None = None, log_to_driver: bool = True, timeout_s: float = 180.0) -> FanoutCluster:
+    """Start the fanout cluster: Ray (unless initialised), the controller, dispatchers and nodes.
+
+    Args:
+        config: loaded config; ``storage.data_dir`` is created.
+        address: ``local``, ``auto`` or ``HOST:PORT``; None uses ``cluster.address`` unless Ray is already
+            initialised (then that instance is used).
+        name: controller actor name (default ``fanout-controller``).
+        detached: detached controller; default True when joining an existing cluster.
+        log_to_driver: stream actor logs to this process's stderr.
+        timeout_s: bound on actor start-up.
+
+    Returns:
+        The started cluster (``url`` is the first node's listener).
+
+    Raises:
+        RuntimeError: a listener cannot bind, no ``fanout_node`` resource, or start-up timed out. Everything
+            started by this call is stopped before raising.
+    """
+    import ray
+
+    from actors.controller import CONTROLLER_NAME, NAMESPACE, Controller
+
+    name = name or CONTROLLER_NAME
+    already = ray.is_initialized()
+    owns = False
+    if not already:
+        address = address or config.cluster.address
+        owns = init_ray(config, address, log_to_driver=log_to_driver)
+    Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)
+    if detached is None:
+        detached = not already and address not in (None, "local")
+    options: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+    if detached:
+        options["lifetime"] = "detached"
+    controller = Controller.options(**options).remote(config)
+    cluster = FanoutCluster(controller, {"nodes": [], "shards": 0}, name, owns)
+    started = time.monotonic()
+    try:
+        cluster.info = ray.get(controller.start.remote(), timeout=timeout_s)
+    except Exception as exc:
+        cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
+        cluster.stop(timeout_s=10.0)
+        raise RuntimeError(str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)) from None
+    write_address_file(config.storage.data_dir)
+    log.info("fanout started", url=cluster.url, nodes=len(cluster.info["nodes"]), shards=cluster.info["shards"],
+             startup_s=round(time.monotonic() - started, 2))
+    return cluster
+
+
+def write_address_file(data_dir: str | os.PathLike[str]) -> None:
+    """Record the running Ray cluster's address in ``<data_dir>/ray_address``."""
+    import ray
+
+    try:
+        address = ray.get_runtime_context().gcs_address
+    except Exception:
+        return
+    (Path(data_dir) / ADDRESS_FILE).write_text(address + "\n")
+
+
+def find_address(data_dir: str | os.PathLike[str] | None, address: str | None) -> str:
+    """The Ray address to connect to: explicit, else ``<data_dir>/ray_address``, else ``auto``."""
+    if address:
+        return address
+    if data_dir is not None:
+        p = Path(data_dir) / ADDRESS_FILE
+        if p.exists():
+            text = p.read_text().strip()
+            if text:
+                return text
+    return "auto"
+
+
+def connect(address: str, name: str | None = None) -> Any:
+    """Join a running Ray cluster and return the fanout controller handle.
+
+    Raises:
+        RuntimeError: no Ray cluster at ``address``, or no fanout controller in it.
+    """
+    import ray
+
+    from actors.controller import CONTROLLER_NAME, NAMESPACE
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+        except Exception as exc:
+            raise RuntimeError(f"no Ray cluster at {address!r}: {str(exc).strip().splitlines()[0]}") from None
+    try:
+        return ray.get_actor(name or CONTROLLER_NAME, namespace=NAMESPACE)
+    except ValueError:
+        raise RuntimeError(f"no fanout cluster is running on the Ray cluster at {address!r} "
+                           "(start one with `fanout up`)") from None
+
+
+__all__ = ["FanoutCluster", "init_ray", "start_fanout", "connect", "find_address", "write_address_file"]
