@@ -373,15 +373,11 @@ class ShardStore(ShardReader):
             raise StoreError(f"snapshot directory {dest} is not empty")
         env = self._live_env()
         with self._guard.shared():
-            txn = env.begin()
-            try:
-                seq = _get_int(txn, self._dbs.sys, tables.SYS_APPLIED_SEQ)
-                epoch = _get_int(txn, self._dbs.sys, tables.SYS_EPOCH)
-                env.copy(str(dest), compact=True, txn=txn)
-            finally:
-                txn.abort()
-        info = snapshot.SnapshotInfo(dest, self.shard_id, seq, epoch, (dest / snapshot.DATA_FILE).stat().st_size)
-        log.info("snapshot_written", shard=self.shard_id, path=str(dest), applied_seq=seq, size_bytes=info.size_bytes)
+            # One read transaction of its own: contents and sys.applied_seq/epoch are one instant.
+            env.copy(str(dest), compact=True)
+        info = snapshot.read_snapshot_info(dest)
+        log.info("snapshot_written", shard=self.shard_id, path=str(dest), applied_seq=info.applied_seq,
+                 size_bytes=info.size_bytes)
         return info
 
     @classmethod

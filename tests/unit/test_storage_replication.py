@@ -216,3 +216,31 @@ def test_from_bytes_rejects_bad_envelopes():
     for raw in (b"", b"\xc1", msgpack.packb([99, []]), msgpack.packb({"ops": []}), msgpack.packb([1, "x"])):
         with pytest.raises(BatchFormatError):
             WriteBatch.from_bytes(raw)
+
+
+def test_snapshot_taken_during_writes_matches_its_seq(tmp_path):
+    import threading
+
+    store = open_store(tmp_path / "p")
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            store.apply(WriteBatch().enqueue(f"S{i:06d}", T0, "r", "d"))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        infos = []
+        for k in range(5):
+            infos.append(store.copy_to(tmp_path / f"snap{k}"))
+    finally:
+        stop.set()
+        thread.join()
+    for k, info in enumerate(infos):
+        with ShardStore.restore_from(info.path, tmp_path / f"copy{k}", 0, sync=False) as copy:
+            assert copy.applied_seq == info.applied_seq == copy.pending_count()
+    assert infos[-1].applied_seq >= infos[0].applied_seq
+    store.close()
