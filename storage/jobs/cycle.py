@@ -1,0 +1,305 @@
+"""One GC cycle: export every shard, compute the plan on Spark, apply it shard by shard.
+
+Strategy: the cycle only orchestrates; each stage is its own module (``export``, ``plan``,
+``apply``) and the shards are reached through a small ``GcTarget`` interface, so the same code
+runs offline (``LocalShards``: stores opened in this process, e.g. ``fanout gc --data-dir`` on a
+stopped cluster) and in the live cluster (the Controller's target asks each shard's Dispatcher to
+export its snapshot and ships the plan's WriteBatches to the primary, which replicates them). The
+stages never overlap: the plan is computed from a finished export, and the apply stage only issues
+guarded ops (see ``storage.jobs.apply``), so writes that keep arriving during the cycle are safe.
+Per-stage timings and counts come back as a ``GcSummary`` and go to ``<work_dir>/last_gc.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, runtime_checkable
+
+import structlog
+
+from storage.batch import WriteBatch
+from storage.jobs.apply import DEFAULT_CHUNK_OPS, ApplyInfo, apply_batches, resume_chunk
+from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS, export_shard
+from storage.jobs.plan import compute_plan
+from storage.shard import ShardStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+GcProgress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``; stages ``export`` (shards), ``spark``, ``plan``, ``apply`` (ops)."""
+
+SNAPSHOT_SUBDIR = "snapshot"
+PLAN_SUBDIR = "plan"
+SUMMARY_FILE = "last_gc.json"
+
+
+@runtime_checkable
+class GcTarget(Protocol):
+    """How a cycle reaches the shards (local stores, or the live cluster's primaries)."""
+
+    def shard_ids(self) -> list[int]:
+        """The shards to collect."""
+        ...
+
+    def export(self, shard_id: int, out_dir: str) -> dict[str, Any]:
+        """Export one shard (``export_shard(...).as_dict()``)."""
+        ...
+
+    def applied_seq(self, shard_id: int) -> int:
+        """The shard's current ``applied_seq`` (checked against the plan's watermark)."""
+        ...
+
+    def apply(self, shard_id: int, batch: WriteBatch) -> Mapping[str, int]:
+        """Apply one batch on the shard (its primary) and return the counters."""
+        ...
+
+
+class LocalShards:
+    """``GcTarget`` over stores open in this process."""
+
+    def __init__(self, stores: Mapping[int, ShardStore], *, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> None:
+        """Args:
+        stores: shard id -> open store.
+        row_group_rows: export chunk size.
+        """
+        self.stores = dict(stores)
+        self.row_group_rows = row_group_rows
+
+    def shard_ids(self) -> list[int]:
+        return sorted(self.stores)
+
+    def export(self, shard_id: int, out_dir: str) -> dict[str, Any]:
+        return export_shard(self.stores[shard_id], out_dir, row_group_rows=self.row_group_rows).as_dict()
+
+    def applied_seq(self, shard_id: int) -> int:
+        return self.stores[shard_id].applied_seq
+
+    def apply(self, shard_id: int, batch: WriteBatch) -> Mapping[str, int]:
+        return self.stores[shard_id].apply(batch).counts
+
+    def resume_chunk(self, shard_id: int, plan_id: str) -> int:
+        """First uncommitted chunk of ``plan_id`` on the shard (crash recovery)."""
+        return resume_chunk(self.stores[shard_id], plan_id)
+
+
+@dataclass(slots=True)
+class GcSummary:
+    """What a cycle did: per-stage seconds, exported rows, planned and applied counts."""
+
+    now_ms: int
+    cutoff_ms: int
+    retention_ms: int
+    dry_run: bool
+    work_dir: str
+    plan_id: str = ""
+    shards: list[int] = field(default_factory=list)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage: ``export``, ``spark`` (session start), ``plan``, ``apply``, ``total``."""
+    exported: dict[int, dict[str, Any]] = field(default_factory=dict)
+    planned: dict[str, int] = field(default_factory=dict)
+    """``"<op>/<reason>"`` -> actions over all shards."""
+    content_dup_groups: int = 0
+    applied: dict[int, dict[str, Any]] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+    """Shards whose plan was not applied, and why."""
+
+    @property
+    def exported_rows(self) -> int:
+        """Rows exported over all shards and tables."""
+        return sum(sum(info["rows"].values()) for info in self.exported.values())
+
+    @property
+    def deleted(self) -> int:
+        """Rows and blobs deleted by the apply stage."""
+        return sum(a["counts"].get("deleted", 0) for a in self.applied.values())
+
+    @property
+    def repointed(self) -> int:
+        """Rows repointed to a canonical blob."""
+        return sum(a["counts"].get("repointed", 0) for a in self.applied.values())
+
+    @property
+    def skipped(self) -> int:
+        """Planned ops kept by their guard (changed after the snapshot)."""
+        return sum(a["counts"].get("guard_skipped", 0) for a in self.applied.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-able) with the derived totals."""
+        out = asdict(self)
+        out.update(exported_rows=self.exported_rows, deleted=self.deleted, repointed=self.repointed,
+                   skipped=self.skipped)
+        return out
+
+
+def open_shards(data_dir: str | os.PathLike[str], **store_options: Any) -> dict[int, ShardStore]:
+    """Open every ``shard-<k>`` store under ``data_dir`` (offline GC).
+
+    Raises:
+        FileNotFoundError: no shard directory there.
+    """
+    stores: dict[int, ShardStore] = {}
+    paths = sorted(p for p in Path(data_dir).glob("shard-*") if p.is_dir() and p.name[6:].isdigit())
+    if not paths:
+        raise FileNotFoundError(f"no shard-<k> store under {data_dir}")
+    try:
+        for path in paths:
+            stores[int(path.name[6:])] = ShardStore(path, int(path.name[6:]), **store_options)
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+    return stores
+
+
+def default_work_dir(config: Any, data_dir: str | os.PathLike[str] | None) -> Path:
+    """``gc.export_dir`` from the config, else ``<data_dir>/export``."""
+    configured = getattr(config.gc, "export_dir", "") if config is not None else ""
+    if configured:
+        return Path(configured)
+    return Path(data_dir if data_dir is not None else config.storage.data_dir) / "export"
+
+
+def run_gc_cycle(
+    shards: Mapping[int, ShardStore] | str | os.PathLike[str] | GcTarget,
+    *,
+    config: Any,
+    now_ms: int | None = None,
+    progress: GcProgress | None = None,
+    spark: SparkSession | None = None,
+    dry_run: bool = False,
+    work_dir: str | os.PathLike[str] | None = None,
+    chunk_ops: int = DEFAULT_CHUNK_OPS,
+) -> GcSummary:
+    """Export, plan and apply (unless ``dry_run``) one GC cycle.
+
+    Args:
+        shards: open stores by shard id, a data directory of ``shard-<k>`` stores (opened and
+            closed here; the cluster must be stopped), or a ``GcTarget`` (the live cluster).
+        config: ``fanout.config.Config`` (``fanout.data_retention_ms``, ``gc.*``, ``storage.*``).
+        now_ms: the cycle's "now" (default: wall clock).
+        progress: ``progress(stage, done, total)`` callback.
+        spark: a SparkSession to use (default: ``storage.jobs.spark.get_spark(config)``).
+        dry_run: stop after the plan (nothing is deleted).
+        work_dir: where the snapshot and the plan go (default ``default_work_dir``).
+        chunk_ops: most ops per applied WriteBatch.
+
+    Returns:
+        ``GcSummary``.
+
+    Raises:
+        FileNotFoundError: ``shards`` is a directory without shard stores.
+        StoreError: a shard could not be exported or written.
+    """
+    opened: dict[int, ShardStore] = {}
+    data_dir: str | os.PathLike[str] | None = None
+    if isinstance(shards, (str, os.PathLike)):
+        data_dir = shards
+        opened = open_shards(shards, sync=bool(config.storage.sync))
+        target: GcTarget = LocalShards(opened)
+    elif isinstance(shards, GcTarget):
+        target = shards
+    else:
+        target = LocalShards(shards)
+        paths = {Path(s.path).parent for s in shards.values()}
+        data_dir = paths.pop() if len(paths) == 1 else None
+    try:
+        return _run(target, config, now_ms, progress, spark, dry_run,
+                    Path(work_dir) if work_dir is not None else default_work_dir(config, data_dir), chunk_ops)
+    finally:
+        for store in opened.values():
+            store.close()
+
+
+def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress | None,
+         spark: SparkSession | None, dry_run: bool, work: Path, chunk_ops: int) -> GcSummary:
+    report = progress or (lambda stage, done, total: None)
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    retention = int(config.fanout.data_retention_ms)
+    summary = GcSummary(now_ms=now, cutoff_ms=now - retention, retention_ms=retention, dry_run=dry_run,
+                        work_dir=str(work), shards=target.shard_ids())
+    snapshot_dir, plan_dir = work / SNAPSHOT_SUBDIR, work / PLAN_SUBDIR
+    started = time.perf_counter()
+    log.info("gc_cycle_started", now_ms=now, retention_ms=retention, shards=summary.shards, dry_run=dry_run,
+             work_dir=str(work))
+
+    t0 = time.perf_counter()
+    report("export", 0, len(summary.shards))
+    for i, shard_id in enumerate(summary.shards, 1):
+        summary.exported[shard_id] = dict(target.export(shard_id, str(snapshot_dir)))
+        report("export", i, len(summary.shards))
+    summary.stage_s["export"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    report("spark", 0, 1)
+    if spark is None:
+        from storage.jobs.spark import get_spark
+
+        spark = get_spark(config)
+    report("spark", 1, 1)
+    summary.stage_s["spark"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    report("plan", 0, 1)
+    plan = compute_plan(spark, snapshot_dir, plan_dir, now_ms=now, retention_ms=retention,
+                        dedup_content=bool(config.gc.dedup_content))
+    summary.plan_id = plan.plan_id
+    for counts in plan.counts.values():
+        for key, n in counts.items():
+            summary.planned[key] = summary.planned.get(key, 0) + n
+    summary.content_dup_groups = sum(plan.content_dup_groups.values())
+    report("plan", 1, 1)
+    summary.stage_s["plan"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if not dry_run:
+        _apply_all(target, plan, plan_dir, summary, report, chunk_ops)
+        summary.stage_s["apply"] = time.perf_counter() - t0
+    summary.stage_s["total"] = time.perf_counter() - started
+    _write_summary(work / SUMMARY_FILE, summary)
+    log.info("gc_cycle_done", plan_id=plan.plan_id, dry_run=dry_run, exported_rows=summary.exported_rows,
+             planned=summary.planned, deleted=summary.deleted, repointed=summary.repointed,
+             skipped=summary.skipped, refused=summary.refused,
+             stage_s={k: round(v, 3) for k, v in summary.stage_s.items()})
+    return summary
+
+
+def _apply_all(target: GcTarget, plan: Any, plan_dir: Path, summary: GcSummary,
+               report: GcProgress, chunk_ops: int) -> None:
+    total = plan.total()
+    base = 0
+    report("apply", 0, total)
+    for shard_id in summary.shards:
+        shard_total = sum(plan.counts.get(shard_id, {}).values())
+        mark = plan.watermarks.get(shard_id)
+        if mark is None or shard_total == 0:
+            summary.applied[shard_id] = ApplyInfo(shard_id, plan.plan_id).as_dict()
+            continue
+        seq = target.applied_seq(shard_id)
+        if seq < int(mark["applied_seq"]):
+            summary.refused[shard_id] = f"shard at seq {seq}, below the plan's watermark {mark['applied_seq']}"
+            log.warning("gc_plan_refused", shard=shard_id, applied_seq=seq, watermark=mark["applied_seq"])
+            base += shard_total
+            continue
+        start = target.resume_chunk(shard_id, plan.plan_id) if hasattr(target, "resume_chunk") else 0
+
+        def shard_progress(_shard: int, done: int, _total: int, _base: int = base) -> None:
+            report("apply", _base + done, total)
+
+        info = apply_batches(lambda b, _k=shard_id: target.apply(_k, b), plan_dir, shard_id,
+                             chunk_ops=chunk_ops, start_chunk=start, progress=shard_progress)
+        summary.applied[shard_id] = info.as_dict()
+        base += shard_total
+    report("apply", total, total)
+
+
+def _write_summary(path: Path, summary: GcSummary) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(summary.as_dict(), sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
