@@ -6,6 +6,7 @@ becomes ``ApplyResult.counts`` (``enqueue_new``, ``enqueue_dup``, ``ack_deleted`
 anywhere leaves the store untouched.
 
 Enqueue (the hot path, up to 1,000,000 VINs in one op):
+0. refresh the named blob's ``meta.ts_ms`` (once per op): a blob in use is never GC's "expired";
 1. sort the VIN list in place (insertion in key order is ~3x faster than random order in LMDB's
    B-tree; the primary pays the sort once, replicas receive the sorted list and re-sort in ~0.1 s);
 2. ``getmulti`` the ``reqs`` keys: if none exists (a fresh trigger) both tables are filled with
@@ -84,9 +85,25 @@ def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> Non
     _inc(counts, "meta_touched")
 
 
+def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> None:
+    """A trigger naming a blob keeps it alive: ``meta.ts_ms`` becomes the later of the two times.
+
+    GC deletes a blob only if its ``meta.ts_ms`` is still the one its snapshot saw
+    (``delete_blob_if``), so rows enqueued after the snapshot protect their blob in the same
+    transaction that creates them.
+    """
+    key = data_id.encode()
+    raw = txn.get(key, db=dbs.meta)
+    if raw is not None:
+        old_ts, size, sha1 = tables.unpack(raw)
+        if ts_ms > old_ts:
+            txn.put(key, tables.encode_meta(ts_ms, size, sha1), db=dbs.meta)
+
+
 def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     _, ts_ms, request_id, data_id, vins = op
     vins.sort()
+    _refresh_meta(txn, dbs, data_id, ts_ms)
     rid = request_id.encode()
     rprefix = rid + _SEP
     suffix = _SEP + _TS.pack(ts_ms) + rid

@@ -50,3 +50,16 @@ def test_raw_chunks_of_empty_table(store):
         assert list(view.raw_chunks("ids", 10)) == []
         with pytest.raises(ValueError):
             list(view.raw_chunks("nope", 10))
+
+
+def test_enqueue_refreshes_the_blob_meta_ts_so_a_stale_gc_delete_is_skipped(store):
+    store.apply(WriteBatch().put_blob("d", b"x", T0))
+    store.apply(WriteBatch().enqueue_many(["V1"], T0 + 50, "r", "d"))
+    assert store.get_meta("d")["ts_ms"] == T0 + 50
+    store.apply(WriteBatch().enqueue_many(["V2"], T0 + 10, "r2", "d"))  # older trigger: never moves back
+    assert store.get_meta("d")["ts_ms"] == T0 + 50
+    # a GC plan made before the trigger saw ts T0: its guarded delete no longer matches
+    assert store.apply(WriteBatch().delete_blob_if("d", T0)).counts == {"guard_skipped": 1}
+    assert store.get_blob("d") == b"x"
+    store.apply(WriteBatch().enqueue_many(["V3"], T0, "r3", "missing"))  # no meta: nothing to refresh
+    assert store.get_meta("missing") is None
