@@ -1,0 +1,624 @@
+"""Broker benchmark (issue 2): this broker, Mosquitto and amqtt under the same client load, in one run.
+
+Figures per system:
+
+- (a) QoS 1 msg/s end to end, 1 publisher -> 1 subscriber (subscriber at QoS 1, PUBACKing every
+  message); time from the first publish to the last message received.
+- (b) the same with 1 publisher -> N subscribers (N = 1,000 in full mode) on distinct topics, the
+  publisher sending to the topics round robin.
+- (c) broker CPU microseconds per routed message: utime + stime of the broker process (``/proc``) over
+  run (a) (and (b)) divided by messages delivered.
+- (d) RSS per idle connection: broker RSS after M CONNECTed idle clients (M = 10,000 in full mode) minus
+  before, divided by M, on a freshly started broker.
+- One paho-mqtt figure for (a), to show what a typical Python client gets.
+
+Strategy: the load generator is one asyncio (uvloop) process using the project's codec on raw sockets,
+identical for every broker: the publisher keeps a window of ``WINDOW`` unacknowledged QoS 1 publishes,
+subscribers PUBACK everything a read returned in one write. Each payload starts with the send time, so
+end-to-end latency percentiles come for free. The broker runs in its own process and competes with the
+generator for this machine's cores; generator CPU and the CPU used by every other process during a
+run are recorded next to each figure so a reader can see when the generator (or a neighbour) was the
+limit. Every run is bounded: a run that makes no progress for ``STALL_S`` seconds fails that figure, the
+other figures still run, and every broker started is stopped.
+
+Run alone: ``python -m benchmarks.broker_bench [--quick] [--systems fanout mosquitto amqtt]``; normally
+through ``python -m benchmarks.run``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+import psutil
+
+from fanout.mqtt.codec import PacketReader, encode, encode_puback, encode_publish
+from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe
+
+from .common import (
+    INFLIGHT_WINDOW, SYSTEMS, PeerBroker, grouped_bars, machine_info, pyplot, raise_nofile_limit,
+    save_figure, versions, wait_for_quiet, write_result,
+)
+
+NAME = "broker_bench"
+T = TypeVar("T")
+
+WINDOW = 128  # unacknowledged QoS 1 publishes the generator's publisher keeps in flight
+PAYLOAD_SIZE = 64  # bytes; the first 8 carry the send time (perf_counter_ns)
+STALL_S = 30.0  # a run without progress for this long fails
+CONNECT_CONCURRENCY = 200  # TCP connects + CONNECTs in progress at once
+TARGETS = {"throughput_vs_mosquitto_min": 0.8, "cpu_us_per_msg_max": 15.0, "rss_per_conn_bytes_max": 6144}
+
+# Every figure each system must have (the quick-mode test checks them).
+FIGURES: tuple[str, ...] = (
+    "throughput_1to1_msg_s", "throughput_1toN_msg_s", "paho_throughput_1to1_msg_s",
+    "cpu_us_per_msg_1to1", "cpu_us_per_msg_1toN", "rss_per_conn_bytes",
+    "latency_1to1_p50_ms", "latency_1to1_p99_ms", "latency_1toN_p50_ms", "latency_1toN_p99_ms",
+)
+RATIOS: tuple[str, ...] = (
+    "throughput_1to1_vs_mosquitto", "throughput_1toN_vs_mosquitto", "paho_throughput_1to1_vs_mosquitto",
+    "cpu_us_per_msg_vs_mosquitto", "cpu_us_per_msg_1toN_vs_mosquitto", "rss_per_conn_vs_mosquitto",
+    "throughput_1to1_vs_amqtt", "throughput_1toN_vs_amqtt", "cpu_us_per_msg_vs_amqtt", "rss_per_conn_vs_amqtt",
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much load each measurement gets."""
+
+    messages_1to1: int
+    messages_1toN: int
+    subscribers: int
+    idle_connections: int
+    paho_messages: int
+    warmup: int
+    quiet_wait_s: float  # before each measurement, wait up to this long for other CPU load to pass
+
+
+FULL = Sizes(messages_1to1=300_000, messages_1toN=300_000, subscribers=1_000, idle_connections=10_000,
+             paho_messages=40_000, warmup=5_000, quiet_wait_s=90.0)
+QUICK = Sizes(messages_1to1=2_000, messages_1toN=2_000, subscribers=100, idle_connections=500,
+              paho_messages=500, warmup=200, quiet_wait_s=0.0)
+
+_PAD = bytes(PAYLOAD_SIZE - 8)
+_TS = struct.Struct("<q")
+_now_ns = time.perf_counter_ns
+_PUBACKS: list[bytes] = []
+
+
+def _pubacks() -> list[bytes]:
+    if not _PUBACKS:
+        _PUBACKS.extend([b""] + [encode_puback(i) for i in range(1, 65536)])
+    return _PUBACKS
+
+
+# ---------------------------------------------------------------------------------------------------
+# lean load generator
+
+
+class Tally:
+    """Messages received by a group of subscribers, with latencies and a future set at ``expected``."""
+
+    __slots__ = ("received", "expected", "done", "latencies_ns", "last_ns")
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.expected = 0
+        self.done: asyncio.Future[None] | None = None
+        self.latencies_ns: list[int] = []
+        self.last_ns = 0
+
+    def arm(self, expected: int) -> None:
+        self.received = 0
+        self.expected = expected
+        self.latencies_ns = []
+        self.done = asyncio.get_running_loop().create_future()
+
+
+class LeanClient(asyncio.Protocol):
+    """One raw MQTT connection on the project's codec; PUBACKs QoS 1 PUBLISHes as it reads them."""
+
+    def __init__(self, client_id: str, tally: Tally | None = None, keepalive: int = 300) -> None:
+        loop = asyncio.get_running_loop()
+        self.client_id = client_id
+        self.tally = tally
+        self.keepalive = keepalive
+        self.reader = PacketReader()
+        self.transport: asyncio.Transport | None = None
+        self.connack: asyncio.Future[int] = loop.create_future()
+        self.suback: asyncio.Future[tuple[int, ...]] | None = None
+        self.lost: asyncio.Future[None] = loop.create_future()
+        # publisher state
+        self.sent = self.acked = self.outstanding = self.limit = 0
+        self.topics: list[bytes] = []
+        self.acked_all: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        connect = Connect(self.client_id, clean_session=True, keepalive=self.keepalive)
+        self.transport.write(encode(connect))  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        for fut in (self.connack, self.suback, self.acked_all, self.tally.done if self.tally else None):
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionError(f"{self.client_id}: connection lost ({exc})"))
+
+    def data_received(self, data: bytes) -> None:
+        acks: list[bytes] = []
+        pubacks = 0
+        tally = self.tally
+        now = _now_ns()
+        for p in self.reader.feed(data):
+            tp = type(p)
+            if tp is Publish:
+                if p.qos:
+                    acks.append(_PUBACKS[p.packet_id])  # type: ignore[index]
+                if tally is not None:
+                    tally.latencies_ns.append(now - _TS.unpack_from(p.payload)[0])  # type: ignore[attr-defined]
+                    tally.received += 1
+            elif tp is Puback:
+                pubacks += 1
+            elif tp is Connack:
+                if not self.connack.done():
+                    self.connack.set_result(p.return_code)  # type: ignore[attr-defined]
+            elif tp is Suback:
+                if self.suback is not None and not self.suback.done():
+                    self.suback.set_result(p.return_codes)  # type: ignore[attr-defined]
+        if acks:
+            self.transport.write(b"".join(acks))  # type: ignore[union-attr]
+        if pubacks:
+            self.acked += pubacks
+            self.outstanding -= pubacks
+            self._fill()
+        if tally is not None and tally.received >= tally.expected and tally.done is not None \
+                and not tally.done.done():
+            tally.last_ns = now
+            tally.done.set_result(None)
+
+    async def subscribe(self, topic: str, timeout: float) -> None:
+        self.suback = asyncio.get_running_loop().create_future()
+        self.transport.write(encode(Subscribe(1, ((topic, 1),))))  # type: ignore[union-attr]
+        codes = await asyncio.wait_for(self.suback, timeout)
+        if codes != (1,):
+            raise RuntimeError(f"{self.client_id}: SUBACK {codes} for {topic!r}, expected (1,)")
+
+    def publish(self, count: int, topics: list[bytes]) -> None:
+        """Start sending ``count`` QoS 1 messages round robin over ``topics``, ``WINDOW`` unacked."""
+        self.topics = topics
+        self.limit = self.sent + count
+        self.acked_all = asyncio.get_running_loop().create_future()
+        self._fill()
+
+    def _fill(self) -> None:
+        out: list[bytes] = []
+        sent, limit, topics = self.sent, self.limit, self.topics
+        n_topics = len(topics)
+        room = min(WINDOW - self.outstanding, limit - sent)
+        if room > 0:
+            ts = _TS.pack(_now_ns()) + _PAD
+            for i in range(sent, sent + room):
+                out.append(encode_publish(topics[i % n_topics], ts, 1, False, False, i % 65535 + 1))
+            self.sent = sent + room
+            self.outstanding += room
+            self.transport.write(b"".join(out))  # type: ignore[union-attr]
+        elif self.acked >= limit and self.acked_all is not None and not self.acked_all.done():
+            self.acked_all.set_result(None)
+
+
+async def _connect(broker: PeerBroker, factory: Callable[[], LeanClient], timeout: float) -> LeanClient:
+    loop = asyncio.get_running_loop()
+    _, client = await asyncio.wait_for(loop.create_connection(factory, broker.host, broker.port), timeout)
+    code = await asyncio.wait_for(client.connack, timeout)
+    if code != 0:
+        raise RuntimeError(f"{client.client_id}: CONNACK return code {code}")
+    return client
+
+
+async def _connect_many(broker: PeerBroker, factories: Sequence[Callable[[], LeanClient]],
+                        progress: list[int]) -> list[LeanClient]:
+    sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def one(factory: Callable[[], LeanClient]) -> LeanClient:
+        async with sem:
+            client = await _connect(broker, factory, STALL_S)
+            progress[0] += 1
+            return client
+
+    return list(await _bounded(asyncio.gather(*(one(f) for f in factories)), lambda: progress[0]))
+
+
+async def _bounded(aw: Awaitable[T], progress: Callable[[], int], stall_s: float = STALL_S) -> T:
+    """Await ``aw``; fail with TimeoutError if ``progress()`` stays unchanged for ``stall_s``."""
+    task = asyncio.ensure_future(aw)
+    last, last_change = progress(), time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            now_progress = progress()
+            if now_progress != last:
+                last, last_change = now_progress, time.monotonic()
+            elif time.monotonic() - last_change > stall_s:
+                raise TimeoutError(f"no progress for {stall_s:.0f} s (at {now_progress})")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _close_all(clients: Sequence[LeanClient]) -> None:
+    for c in clients:
+        if c.transport is not None:
+            c.transport.abort()
+
+
+def _percentile_ms(sorted_ns: list[int], q: float) -> float | None:
+    if not sorted_ns:
+        return None
+    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1e6
+
+
+def _cpu_busy_s() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) \
+        + getattr(t, "steal", 0.0)
+
+
+async def _pump(broker: PeerBroker, pub: LeanClient, tally: Tally, count: int, topics: list[bytes],
+                label: str) -> dict[str, Any]:
+    """Send ``count`` messages and wait until all are received and acknowledged; measure the run."""
+    tally.arm(count)
+    gc.disable()
+    cpu0, gen0, busy0 = broker.cpu_seconds(), time.process_time(), _cpu_busy_s()
+    t0_ns = _now_ns()
+    try:
+        pub.publish(count, topics)
+        await _bounded(tally.done, lambda: tally.received)  # type: ignore[arg-type]
+        elapsed = (tally.last_ns - t0_ns) / 1e9
+        await _bounded(pub.acked_all, lambda: pub.acked)  # type: ignore[arg-type]
+    finally:
+        gc.enable()
+    cpu = broker.cpu_seconds() - cpu0
+    gen = time.process_time() - gen0
+    busy = _cpu_busy_s() - busy0
+    lat = sorted(tally.latencies_ns)
+    return {
+        f"throughput_{label}_msg_s": count / elapsed,
+        f"cpu_us_per_msg_{label}": cpu / count * 1e6,
+        f"latency_{label}_p50_ms": _percentile_ms(lat, 0.50),
+        f"latency_{label}_p99_ms": _percentile_ms(lat, 0.99),
+        f"duration_{label}_s": elapsed,
+        f"broker_cpu_{label}_s": cpu,
+        f"generator_cpu_us_per_msg_{label}": gen / count * 1e6,
+        f"other_cpu_{label}_s": max(0.0, busy - cpu - gen),
+    }
+
+
+async def scenario_1to1(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
+    """(a) + (c): one publisher, one subscriber, one topic."""
+    tally = Tally()
+    sub = await _connect(broker, lambda: LeanClient("bench-sub", tally), STALL_S)
+    pub = await _connect(broker, lambda: LeanClient("bench-pub"), STALL_S)
+    try:
+        await sub.subscribe("bench/one", STALL_S)
+        topics = [b"bench/one"]
+        await _pump(broker, pub, tally, sizes.warmup, topics, "warmup")
+        return await _pump(broker, pub, tally, sizes.messages_1to1, topics, "1to1")
+    finally:
+        _close_all([pub, sub])
+
+
+async def scenario_1toN(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
+    """(b) + (c): one publisher, N subscribers on distinct topics, round robin."""
+    tally = Tally()
+    n = sizes.subscribers
+    progress = [0]
+    subs = await _connect_many(broker, [lambda i=i: LeanClient(f"bench-sub-{i}", tally) for i in range(n)],
+                               progress)
+    clients = list(subs)
+    try:
+        await asyncio.gather(*(s.subscribe(f"bench/fan/{i}", STALL_S) for i, s in enumerate(subs)))
+        pub = await _connect(broker, lambda: LeanClient("bench-pub"), STALL_S)
+        clients.append(pub)
+        topics = [f"bench/fan/{i}".encode() for i in range(n)]
+        await _pump(broker, pub, tally, max(sizes.warmup, n), topics, "warmup")
+        return await _pump(broker, pub, tally, sizes.messages_1toN, topics, "1toN")
+    finally:
+        _close_all(clients)
+
+
+async def scenario_idle(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
+    """(d): RSS growth of a fresh broker for M CONNECTed idle clients."""
+    m = sizes.idle_connections
+    await asyncio.sleep(0.5)
+    rss0 = broker.rss_bytes()
+    progress = [0]
+    t0 = time.monotonic()
+    clients = await _connect_many(broker, [lambda i=i: LeanClient(f"idle-{i:06d}") for i in range(m)],
+                                  progress)
+    connect_s = time.monotonic() - t0
+    try:
+        await asyncio.sleep(1.0)
+        rss1 = broker.rss_bytes()
+        return {
+            "rss_per_conn_bytes": (rss1 - rss0) / m,
+            "rss_before_bytes": rss0,
+            "rss_after_bytes": rss1,
+            "idle_connections": m,
+            "connects_per_s": m / connect_s,
+        }
+    finally:
+        _close_all(clients)
+
+
+def _run_async(coro: Awaitable[T]) -> T:
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------
+# paho-mqtt figure
+
+
+def paho_1to1(broker: PeerBroker, count: int) -> dict[str, Any]:
+    """(a) with paho-mqtt clients as a typical application would use them (loop threads, defaults)."""
+    import paho.mqtt.client as mqtt
+
+    received = [0]
+    done, subscribed, connected = threading.Event(), threading.Event(), threading.Event()
+    end = [0.0]
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        received[0] += 1
+        if received[0] == count:
+            end[0] = time.perf_counter()
+            done.set()
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-sub", clean_session=True)
+    sub.on_message = on_message
+    sub.on_subscribe = lambda *a: subscribed.set()
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-pub", clean_session=True)
+    pub.on_connect = lambda *a: connected.set()
+    clients = []
+    try:
+        for c in (sub, pub):
+            c.connect(broker.host, broker.port, keepalive=300)
+            c.loop_start()
+            clients.append(c)
+        sub.subscribe("bench/paho", qos=1)
+        if not (subscribed.wait(STALL_S) and connected.wait(STALL_S)):
+            raise TimeoutError("paho: no SUBACK/CONNACK")
+        payload = bytes(PAYLOAD_SIZE)
+        cpu0 = broker.cpu_seconds()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            pub.publish("bench/paho", payload, qos=1)
+        last, last_change = -1, time.monotonic()
+        while not done.wait(1.0):
+            if received[0] != last:
+                last, last_change = received[0], time.monotonic()
+            elif time.monotonic() - last_change > STALL_S:
+                raise TimeoutError(f"paho: no progress for {STALL_S:.0f} s (at {received[0]}/{count})")
+        elapsed = end[0] - t0
+        return {
+            "paho_throughput_1to1_msg_s": count / elapsed,
+            "paho_cpu_us_per_msg_1to1": (broker.cpu_seconds() - cpu0) / count * 1e6,
+            "paho_duration_1to1_s": elapsed,
+        }
+    finally:
+        for c in clients:
+            c.disconnect()
+            c.loop_stop()
+
+
+# ---------------------------------------------------------------------------------------------------
+# one system, ratios, plot, entry points
+
+
+def _log(msg: str) -> None:
+    print(f"[{NAME}] {msg}", flush=True)
+
+
+def _attempt(system: str, what: str, figures: dict[str, Any], errors: dict[str, str],
+             fn: Callable[[], dict[str, Any]], quiet_wait_s: float) -> None:
+    busy = wait_for_quiet(quiet_wait_s)
+    if quiet_wait_s > 0:
+        figures[f"machine_busy_pct_before_{what}"] = busy
+    t0 = time.monotonic()
+    try:
+        got = fn()
+    except Exception as exc:  # one failed figure must not stop the others
+        errors[what] = f"{type(exc).__name__}: {exc}"
+        _log(f"{system:9s} {what}: FAILED {errors[what]}")
+        return
+    figures.update(got)
+    shown = {k: v for k, v in got.items() if k in FIGURES or k == "connects_per_s"}
+    _log(f"{system:9s} {what} ({time.monotonic() - t0:.1f} s): "
+         + ", ".join(f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+
+
+def bench_system(system: str, sizes: Sizes) -> dict[str, Any]:
+    """Every figure for one broker: (a), paho (a), (b) on one broker process; (d) on a fresh one."""
+    figures: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    q = sizes.quiet_wait_s
+    try:
+        with PeerBroker(system) as broker:
+            figures["version"] = broker.version()
+            _attempt(system, "1to1", figures, errors, lambda: _run_async(scenario_1to1(broker, sizes)), q)
+            _attempt(system, "paho_1to1", figures, errors, lambda: paho_1to1(broker, sizes.paho_messages), q)
+            _attempt(system, "1toN", figures, errors, lambda: _run_async(scenario_1toN(broker, sizes)), q)
+        with PeerBroker(system) as broker:
+            _attempt(system, "idle", figures, errors, lambda: _run_async(scenario_idle(broker, sizes)), q)
+    except Exception as exc:  # broker did not start (e.g. Mosquitto not installed)
+        errors["broker"] = f"{type(exc).__name__}: {exc}"
+        _log(f"{system:9s} FAILED {errors['broker']}")
+    for key in FIGURES:
+        figures.setdefault(key, None)
+    figures = {k: figures[k] for k in sorted(figures, key=lambda k: (k not in FIGURES, k))}
+    if errors:
+        figures["errors"] = errors
+    return figures
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+        return a / b
+    return None
+
+
+def compute_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """This broker's figures divided by each peer's (>1 = higher; for CPU and RSS lower is better)."""
+    ours = systems.get("fanout", {})
+    out: dict[str, float | None] = {}
+    for peer in ("mosquitto", "amqtt"):
+        theirs = systems.get(peer, {})
+        out[f"throughput_1to1_vs_{peer}"] = _ratio(ours.get("throughput_1to1_msg_s"),
+                                                   theirs.get("throughput_1to1_msg_s"))
+        out[f"throughput_1toN_vs_{peer}"] = _ratio(ours.get("throughput_1toN_msg_s"),
+                                                   theirs.get("throughput_1toN_msg_s"))
+        out[f"cpu_us_per_msg_vs_{peer}"] = _ratio(ours.get("cpu_us_per_msg_1to1"),
+                                                  theirs.get("cpu_us_per_msg_1to1"))
+        out[f"rss_per_conn_vs_{peer}"] = _ratio(ours.get("rss_per_conn_bytes"), theirs.get("rss_per_conn_bytes"))
+    mosq = systems.get("mosquitto", {})
+    out["paho_throughput_1to1_vs_mosquitto"] = _ratio(ours.get("paho_throughput_1to1_msg_s"),
+                                                      mosq.get("paho_throughput_1to1_msg_s"))
+    out["cpu_us_per_msg_1toN_vs_mosquitto"] = _ratio(ours.get("cpu_us_per_msg_1toN"),
+                                                     mosq.get("cpu_us_per_msg_1toN"))
+    return {k: out[k] for k in RATIOS}
+
+
+def check_targets(systems: dict[str, dict[str, Any]], ratios: dict[str, float | None]) -> dict[str, bool | None]:
+    """Issue 2's targets for this broker; None when a figure is missing."""
+    ours = systems.get("fanout", {})
+
+    def at_least(v: float | None, lo: float) -> bool | None:
+        return None if v is None else v >= lo
+
+    def at_most(v: Any, hi: float) -> bool | None:
+        return None if not isinstance(v, (int, float)) else v <= hi
+
+    return {
+        "throughput_1to1_ge_0.8x_mosquitto": at_least(ratios["throughput_1to1_vs_mosquitto"],
+                                                      TARGETS["throughput_vs_mosquitto_min"]),
+        "throughput_1toN_ge_0.8x_mosquitto": at_least(ratios["throughput_1toN_vs_mosquitto"],
+                                                      TARGETS["throughput_vs_mosquitto_min"]),
+        "cpu_us_per_msg_1to1_le_15": at_most(ours.get("cpu_us_per_msg_1to1"), TARGETS["cpu_us_per_msg_max"]),
+        "cpu_us_per_msg_1toN_le_15": at_most(ours.get("cpu_us_per_msg_1toN"), TARGETS["cpu_us_per_msg_max"]),
+        "rss_per_conn_le_6KiB": at_most(ours.get("rss_per_conn_bytes"), TARGETS["rss_per_conn_bytes_max"]),
+    }
+
+
+def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
+    """Grouped bars per scenario per system: throughput, CPU per message, RSS per connection, latency."""
+    plt = pyplot()
+    systems: dict[str, dict[str, Any]] = result["systems"]
+    p = result["params"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+
+    def series(keys: Sequence[str], scale: float = 1.0) -> dict[str, list[float | None]]:
+        return {s: [f.get(k) * scale if isinstance(f.get(k), (int, float)) else None for k in keys]
+                for s, f in systems.items()}
+
+    n = p["subscribers"]
+    grouped_bars(axes[0][0], ["1 -> 1 (lean client)", f"1 -> {n:,} (lean client)", "1 -> 1 (paho-mqtt)"],
+                 series(["throughput_1to1_msg_s", "throughput_1toN_msg_s", "paho_throughput_1to1_msg_s"]),
+                 ylabel="QoS 1 messages / s", title="End-to-end QoS 1 throughput (higher is better)")
+    grouped_bars(axes[0][1], ["1 -> 1", f"1 -> {n:,}"], series(["cpu_us_per_msg_1to1", "cpu_us_per_msg_1toN"]),
+                 ylabel="broker CPU us / routed message", title="Broker CPU per routed QoS 1 message (lower is better)",
+                 target=TARGETS["cpu_us_per_msg_max"], target_label="target 15 us", fmt="{:,.1f}")
+    grouped_bars(axes[1][0], [f"{p['idle_connections']:,} idle connections"], series(["rss_per_conn_bytes"], 1 / 1024),
+                 ylabel="KiB RSS / connection", title="Broker RSS per idle connection (lower is better)",
+                 target=TARGETS["rss_per_conn_bytes_max"] / 1024, target_label="target 6 KiB", fmt="{:,.1f}")
+    grouped_bars(axes[1][1], ["1 -> 1 p50", "1 -> 1 p99", f"1 -> {n:,} p50", f"1 -> {n:,} p99"],
+                 series(["latency_1to1_p50_ms", "latency_1to1_p99_ms", "latency_1toN_p50_ms", "latency_1toN_p99_ms"]),
+                 ylabel="ms", title=f"End-to-end latency with {p['window']} publishes in flight", fmt="{:,.1f}")
+    m = result["machine"]
+    fig.suptitle(f"{name} ({result['mode']}) - {m['cpu_model']}, {m['logical_cpus']} CPUs; "
+                 "broker and load generator share the machine", fontsize=10)
+    return save_figure(fig, name, out_dir)
+
+
+def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run every figure for every system; write ``<results>/broker_bench[_quick].json`` and ``.png``.
+
+    Args:
+        quick: small numbers (CI smoke), written as ``broker_bench_quick``.
+        systems: brokers to measure (default all three).
+        out_dir: results folder (default benchmarks/results or ``$FANOUT_BENCH_RESULTS``).
+
+    Returns:
+        The result object written to JSON.
+    """
+    sizes = QUICK if quick else FULL
+    name = f"{NAME}_quick" if quick else NAME
+    soft, hard = raise_nofile_limit()
+    notes = [
+        "Each broker runs in its own process on 127.0.0.1 and shares the machine's CPUs with the single "
+        "load-generator process; generator CPU per message and CPU used by other processes are recorded "
+        "next to each figure.",
+        f"Same broker settings where they exist: outbound inflight window {INFLIGHT_WINDOW} per client "
+        "(amqtt has none), per-client queues large enough that no QoS 1 message is dropped, no persistence, "
+        "TCP_NODELAY (set_tcp_nodelay for Mosquitto).",
+        "(a)/(b)/paho share one broker process per system; (d) uses a fresh one.",
+    ]
+    need = sizes.idle_connections + sizes.subscribers + 100
+    if hard < need:
+        notes.append(f"RLIMIT_NOFILE hard limit {hard} is below the {need} descriptors needed; "
+                     "connection figures will fail")
+    _pubacks()
+    started = time.time()
+    result: dict[str, Any] = {
+        "name": name,
+        "mode": "quick" if quick else "full",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": machine_info(),
+        "versions": versions(),
+        "params": {**asdict(sizes), "window": WINDOW, "payload_bytes": PAYLOAD_SIZE, "qos": 1,
+                   "broker_inflight_window": INFLIGHT_WINDOW, "nofile_soft": soft, "nofile_hard": hard,
+                   "stall_timeout_s": STALL_S, "generator": "asyncio + uvloop, fanout.mqtt.codec, one process"},
+        "targets": TARGETS,
+        "notes": notes,
+        "systems": {},
+    }
+    _log(f"mode={result['mode']} systems={list(systems)} sizes={asdict(sizes)}")
+    for system in systems:
+        result["systems"][system] = bench_system(system, sizes)
+    result["ratios"] = compute_ratios(result["systems"])
+    result["targets_met"] = check_targets(result["systems"], result["ratios"])
+    result["duration_s"] = round(time.time() - started, 1)
+    path = write_result(name, result, out_dir)
+    result["json_path"] = str(path)
+    result["png_path"] = str(plot(result, name, out_dir))
+    _log(f"wrote {path} and {result['png_path']} in {result['duration_s']} s")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.broker_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small numbers (CI smoke)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--out-dir", default=None, help="results folder (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    result = run(args.quick, systems=args.systems, out_dir=args.out_dir)
+    for key, value in result["ratios"].items():
+        _log(f"{key} = {value:.3f}" if value is not None else f"{key} = n/a")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
