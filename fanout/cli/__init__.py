@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "broker",
     "send",
     "outbox",
+    "gc_cmd",
 )
 
 

@@ -88,6 +88,46 @@ class LocalShards:
         return resume_chunk(self.stores[shard_id], plan_id)
 
 
+class FunctionTarget:
+    """``GcTarget`` from plain callables (the Controller wraps its Dispatcher calls in these).
+
+    Example (inside the Controller, off the event loop)::
+
+        FunctionTarget(range(n), export=lambda k, out: ray.get(ds[k].export_snapshot.remote(out)),
+                       applied_seq=..., apply=lambda k, b: ray.get(ds[k].apply_batch.remote(b.to_bytes()))["counts"])
+    """
+
+    def __init__(
+        self,
+        shard_ids: Any,
+        *,
+        export: Callable[[int, str], Any],
+        applied_seq: Callable[[int], int],
+        apply: Callable[[int, WriteBatch], Mapping[str, int]],
+    ) -> None:
+        """Args:
+        shard_ids: the shards.
+        export: ``export(shard_id, out_dir)`` -> ``ExportInfo`` or its dict.
+        applied_seq: ``applied_seq(shard_id)`` -> the primary's seq.
+        apply: ``apply(shard_id, batch)`` -> counters.
+        """
+        self._ids = sorted(int(k) for k in shard_ids)
+        self._export, self._seq, self._apply = export, applied_seq, apply
+
+    def shard_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def export(self, shard_id: int, out_dir: str) -> dict[str, Any]:
+        info = self._export(shard_id, out_dir)
+        return info.as_dict() if hasattr(info, "as_dict") else dict(info)
+
+    def applied_seq(self, shard_id: int) -> int:
+        return int(self._seq(shard_id))
+
+    def apply(self, shard_id: int, batch: WriteBatch) -> Mapping[str, int]:
+        return self._apply(shard_id, batch)
+
+
 @dataclass(slots=True)
 class GcSummary:
     """What a cycle did: per-stage seconds, exported rows, planned and applied counts."""
