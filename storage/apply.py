@@ -23,6 +23,7 @@ transaction whatever the order; unlike inserts, updates and deletes split no pag
 from __future__ import annotations
 
 import struct
+from itertools import repeat
 from typing import Any, Callable, NamedTuple
 
 import lmdb
@@ -107,14 +108,14 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     suffix = _SEP + _TS.pack(ts_ms) + rid
     pending = tables.encode_req(ts_ms, data_id, tables.STATUS_PENDING)
     ids_value = tables.pack(data_id)
-    vbs = [v.encode() for v in vins]
-    rkeys = [rprefix + vb for vb in vbs]
+    vbs = list(map(str.encode, vins))
+    rkeys = list(map(rprefix.__add__, vbs))
     rcur = txn.cursor(dbs.reqs)
     icur = txn.cursor(dbs.ids)
     found = rcur.getmulti(rkeys)
-    if not found:
-        consumed, added = rcur.putmulti([(k, pending) for k in rkeys], overwrite=False)
-        icur.putmulti([(vb + suffix, ids_value) for vb in vbs])
+    if not found:  # zip() hands putmulti one reused 2-tuple: no million-tuple lists
+        consumed, added = rcur.putmulti(zip(rkeys, repeat(pending)), overwrite=False)
+        icur.putmulti(zip(map(bytes.__add__, vbs, repeat(suffix)), repeat(ids_value)))
         _inc(counts, "enqueue_new", added)
         _inc(counts, "enqueue_dup", consumed - added)
         return
