@@ -271,6 +271,7 @@ class FanoutClient(Pump):
         finally:
             self._pending_writes -= 1
         sub.durable = True
+        handle._sub = None  # the outbox holds it now
         self._outbox_dirty = True
         self._wake.set()
         return handle

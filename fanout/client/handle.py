@@ -27,7 +27,7 @@ class SubmitHandle:
         mode: ``"hot"`` (accepted in memory) or ``"cold"`` (accepted fsynced in the outbox).
     """
 
-    __slots__ = ("seq", "request_id", "data_id", "vins", "mode", "_future", "_sub")
+    __slots__ = ("seq", "request_id", "data_id", "vins", "mode", "_future", "_sub", "_final")
 
     def __init__(self, sub: Submission, future: asyncio.Future[None], mode: str) -> None:
         self.seq = sub.seq
@@ -36,7 +36,10 @@ class SubmitHandle:
         self.vins = len(sub.vins)
         self.mode = mode
         self._future = future
-        self._sub = sub
+        # the submission being sent (for progress); None while it waits in the outbox, so a large
+        # COLD backlog is not also held in memory
+        self._sub: Submission | None = sub
+        self._final = (0, 0)
 
     async def acked(self, timeout: float | None = None) -> None:
         """Wait until every PUBACK of this submission arrived.
@@ -57,14 +60,21 @@ class SubmitHandle:
         return self._future.done()
 
     def progress(self) -> tuple[int, int]:
-        """``(acknowledged, total)`` PUBLISH packets of the current attempt (blob + trigger chunks)."""
+        """``(acknowledged, total)`` PUBLISH packets of the current attempt (blob + trigger chunks);
+        ``(0, 0)`` while it waits to be sent."""
+        if self._sub is None:
+            return self._final
         return self._sub.acked_msgs, self._sub.total_msgs
 
     def _resolve(self) -> None:
+        if self._sub is not None:
+            self._final = (self._sub.acked_msgs, self._sub.total_msgs)
+            self._sub = None
         if not self._future.done():
             self._future.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
+        self._sub = None
         if not self._future.done():
             self._future.set_exception(exc)
             self._future.exception()

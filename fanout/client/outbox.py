@@ -296,7 +296,7 @@ class Outbox:
 
     def next_retry_ms(self) -> int | None:
         """Earliest ``next_retry_ms`` among items waiting for a retry, or None."""
-        return min((s[1] for s in self.retry.values()), default=None)
+        return min((s[1] for s in list(self.retry.values())), default=None)  # list(): atomic snapshot vs the writer thread
 
     def _read_oldest_ts(self) -> int | None:
         with self._env.begin(db=self._items) as txn:

@@ -139,6 +139,10 @@ class Pump:
         batch.appends = [s for s in unacked if not s.durable] + self._ring.drain()
         for s in batch.appends:
             s.durable = True
+        for s in unacked + batch.appends:
+            h = self._handles.get(s.seq)
+            if h is not None:
+                h._sub = None  # back in the outbox: do not keep it in memory too
         self._cold.clear()
         self._cold_seqs.clear()
         self._outbox_dirty = True
@@ -172,6 +176,7 @@ class Pump:
             self._spills -= spill
         for seq, (attempts, error) in result.dead.items():
             log.error("client.dead_letter", seq=seq, attempts=attempts, error=error)
+            self._suspects.discard(seq)
             h = self._handles.pop(seq, None)
             detail = self._rejections.pop(seq, None)
             if h is not None:
@@ -247,7 +252,7 @@ class Pump:
     def _publish(self, conn: Connection, sub: Submission) -> None:
         h = self._handles.get(sub.seq)
         if h is not None:
-            h._sub = sub
+            h._sub = sub  # progress of this attempt
         try:
             self._inflight.send(sub, self.max_batch, conn.publish, time.monotonic())
         except PublishFailed as exc:
@@ -259,6 +264,9 @@ class Pump:
     def _fail_item(self, sub: Submission, error: str, final: bool = False) -> None:
         """Charge one failed attempt to ``sub`` (appending it to the outbox if it is not there)."""
         self._last_error = error
+        h = self._handles.get(sub.seq)
+        if h is not None:
+            h._sub = None
         batch = WriteBatch(failures=[Failure(sub.seq, error, final)])
         if not sub.durable:
             sub.durable = True

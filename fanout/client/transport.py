@@ -202,7 +202,8 @@ class Connection:
 
     def _cb_sock_close(self, client: mqtt.Client, userdata: object, sock: socket.socket) -> None:
         self._in_loop(self._remove, sock.fileno())
-        self._in_loop(self._mark_lost, "socket closed")
+        # paho reports on_disconnect (with its reason) right after closing the socket; this is the fallback
+        self._loop.call_soon_threadsafe(self._mark_lost, "socket closed")
 
     def _remove(self, fd: int) -> None:
         if fd >= 0:

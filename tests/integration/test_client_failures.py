@@ -102,19 +102,19 @@ async def test_poison_item_is_dead_lettered_after_max_attempts_while_later_items
             with pytest.raises(FanoutDeadLettered) as info:
                 await poison.acked(timeout=30)
             assert not isinstance(info.value, FanoutRejected)
-            assert info.value.attempts == 3 and info.value.request_id == "poison"
+            assert info.value.attempts == 3 and info.value.request_id == "poison", info.value
             await asyncio.wait_for(asyncio.gather(*(h.acked() for h in good)), 30)
-            assert await client.drain(10)
+            assert await client.drain(10), client.status()
             [dead] = await client.dead_letters()
             assert (dead.request_id, dead.attempts, dead.payload_bytes) == ("poison", 3, 100_000)
-            assert "disconnected" in dead.last_error or "closed" in dead.last_error
+            assert "disconnected" in dead.last_error or "closed" in dead.last_error, dead
             st = client.status()
-            assert (st.dead_letters, st.outbox_depth, st.mode) == (1, 0, "hot")
+            assert (st.dead_letters, st.outbox_depth, st.mode) == (1, 0, "hot"), st
             assert time.monotonic() - t0 < 20
         expected = [f"g{i}" for i in range(10)]
         assert watcher.wait_for(lambda w: set(w.request_ids()) >= set(expected), 10)
         ids = watcher.request_ids()
-        assert list(dict.fromkeys(ids)) == expected and "poison" not in ids  # later items in order, not blocked
+        assert list(dict.fromkeys(ids)) == expected and "poison" not in ids, ids  # later items in order, not blocked
     finally:
         watcher.disconnect()
 

@@ -1,0 +1,210 @@
+"""Platform client benchmark: submit latency (HOT and COLD) and acknowledged 1,000-VIN submissions/s.
+
+Runs against the project's broker started as a subprocess (``fanout broker --port 0 --config``), on
+loopback, and writes ``benchmarks/results/client_bench.json`` and ``client_bench.png``.
+
+Phases (bounded, ~30 s in total):
+
+1. ``hot_latency``: ``durability="hybrid"``, connected, paced below capacity so the ring never fills:
+   time of each ``await client.submit(...)`` call (accepted into the ring).
+2. ``cold_latency``: ``durability="always"``, one submitter, paced: each ``submit`` returns after the
+   outbox commit is fsynced (the COLD accept path; a disconnected hybrid client takes the same path).
+3. ``hot_throughput``: submit as fast as the loop allows (yielding once per submission), wait for every
+   PUBACK; acknowledged submissions/s = N / (last PUBACK - first submit).
+4. ``always_throughput``: the same with ``durability="always"`` and 8 concurrent submitters (group
+   commit shares fsyncs).
+5. ``disk_fsync``: raw ``fdatasync`` of 4 KiB in the outbox directory, for context: COLD latency cannot
+   be better than this disk.
+
+Usage: ``.venv/bin/python benchmarks/client_bench.py [--quick]``
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+TARGETS = {"hot_accept_p99_ms": 1.0, "cold_accept_p99_ms": 5.0, "acked_submissions_per_s": 500.0}
+VINS = [f"WVWZZZ1JZ{i:08d}" for i in range(1000)]
+PAYLOAD = b'{"command":"ota","package":"fw-7.2.1","url":"https://example.invalid/fw"}'
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def summary(lat_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in lat_s]
+    return {"n": len(ms), "p50_ms": round(pct(ms, 50), 4), "p90_ms": round(pct(ms, 90), 4), "p99_ms": round(pct(ms, 99), 4),
+            "max_ms": round(max(ms), 4), "mean_ms": round(statistics.fmean(ms), 4)}
+
+
+def start_broker(tmp: Path) -> tuple[subprocess.Popen[str], int]:
+    cfg = tmp / "broker.toml"
+    cfg.write_text('[mqtt]\nsys_interval = "0s"\n')  # no users: platform/platform dev login on loopback
+    fanout = Path(sys.executable).parent / "fanout"
+    proc = subprocess.Popen([str(fanout), "broker", "--port", "0", "--config", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=open(tmp / "broker.log", "w"), text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.startswith("fanout broker ready mqtt://"):
+        proc.kill()
+        raise SystemExit(f"broker did not start: {line!r}")
+    return proc, int(line.strip().rsplit(":", 1)[1])
+
+
+def client(port: int, outbox: Path, **kw: Any) -> Any:
+    from fanout.client import FanoutClient
+
+    return FanoutClient(port=port, username="platform", password="platform", outbox_dir=outbox, **kw)
+
+
+async def paced_latency(port: int, outbox: Path, n: int, rate: float, durability: str) -> tuple[list[float], dict[str, Any]]:
+    lat: list[float] = []
+    async with client(port, outbox, durability=durability) as c:
+        interval = 1.0 / rate
+        start = time.perf_counter()
+        handles = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            handles.append(await c.submit(VINS, PAYLOAD, request_id=f"{durability}-lat-{i}"))
+            lat.append(time.perf_counter() - t0)
+            delay = start + (i + 1) * interval - time.perf_counter()
+            await asyncio.sleep(max(0.0, delay))
+        await asyncio.gather(*(h.acked() for h in handles))
+        modes = {m: sum(h.mode == m for h in handles) for m in ("hot", "cold")}
+    return lat, {"rate_per_s": rate, "accepted_modes": modes}
+
+
+async def throughput(port: int, outbox: Path, n: int, durability: str, submitters: int) -> dict[str, Any]:
+    async with client(port, outbox, durability=durability) as c:
+        per = n // submitters
+        t0 = time.perf_counter()
+
+        async def run(k: int) -> list[Any]:
+            out = []
+            for i in range(per):
+                out.append(await c.submit(VINS, PAYLOAD, request_id=f"{durability}-tp-{k}-{i}"))
+                await asyncio.sleep(0)
+            return out
+
+        groups = await asyncio.gather(*(run(k) for k in range(submitters)))
+        accepted = time.perf_counter() - t0
+        await asyncio.gather(*(h.acked() for g in groups for h in g))
+        elapsed = time.perf_counter() - t0
+        commits = c._writer.commits if c._writer else 0
+    total = per * submitters
+    return {"n": total, "submitters": submitters, "seconds": round(elapsed, 3), "acked_per_s": round(total / elapsed, 1),
+            "accept_per_s": round(total / accepted, 1), "outbox_commits": commits}
+
+
+def disk_fsync(directory: Path, n: int = 200) -> dict[str, float]:
+    path = directory / "fsync.probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lat = []
+    try:
+        for i in range(n):
+            os.pwrite(fd, os.urandom(4096), (i % 16) * 4096)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            lat.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return summary(lat)
+
+
+def plot(result: dict[str, Any], hot: list[float], cold: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, lat, color in (("HOT (ring)", hot, "tab:red"), ("COLD (fsynced outbox)", cold, "tab:blue")):
+        ms = sorted(v * 1000 for v in lat)
+        ax1.plot(ms, [i / len(ms) for i in range(len(ms))], label=name, color=color)
+    ax1.axvline(TARGETS["hot_accept_p99_ms"], color="tab:red", ls=":", lw=1, label="HOT p99 target")
+    ax1.axvline(TARGETS["cold_accept_p99_ms"], color="tab:blue", ls=":", lw=1, label="COLD p99 target")
+    ax1.set_xscale("log")
+    ax1.set_xlabel("submit() latency, ms (log)")
+    ax1.set_ylabel("fraction of submissions")
+    ax1.set_title("accept latency, 1,000-VIN submissions")
+    ax1.legend(fontsize=8)
+    names = ["hybrid (HOT)", "always (COLD), 8 submitters"]
+    values = [result["hot_throughput"]["acked_per_s"], result["always_throughput"]["acked_per_s"]]
+    ax2.bar(names, values, color=["tab:red", "tab:blue"])
+    ax2.axhline(TARGETS["acked_submissions_per_s"], color="k", ls=":", lw=1, label="target 500/s")
+    for i, v in enumerate(values):
+        ax2.text(i, v, f"{v:.0f}/s", ha="center", va="bottom")
+    ax2.set_ylabel("acknowledged submissions/s")
+    ax2.set_title("throughput, 1,000 VINs each (fanout broker, loopback)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"sdv-fanout platform client - {result['machine']['cpus']} CPUs, load {result['machine']['load_before']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def main(quick: bool) -> dict[str, Any]:
+    from fanout import log
+
+    log.configure(json=True, level="warning")
+    scale = 0.3 if quick else 1.0
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="client-bench-") as d:
+        tmp = Path(d)
+        load_before = round(os.getloadavg()[0], 2)
+        broker, port = start_broker(tmp)
+        try:
+            t0 = time.perf_counter()
+            hot, hot_info = await paced_latency(port, tmp / "ob-hot", int(2000 * scale), 400.0, "hybrid")
+            cold, cold_info = await paced_latency(port, tmp / "ob-cold", int(1000 * scale), 150.0, "always")
+            hot_tp = await throughput(port, tmp / "ob-tp-hot", int(4000 * scale), "hybrid", 1)
+            always_tp = await throughput(port, tmp / "ob-tp-always", int(1600 * scale), "always", 8)
+            fsync = disk_fsync(tmp)
+            wall = time.perf_counter() - t0
+        finally:
+            broker.terminate()
+            broker.wait(10)
+    result: dict[str, Any] = {
+        "benchmark": "client_bench",
+        "broker": "fanout broker (subprocess, loopback)",
+        "transport": "paho-mqtt 2.x on the asyncio loop, MQTT 3.1.1, QoS 1, max_inflight 128",
+        "submission": {"vins": len(VINS), "payload_bytes": len(PAYLOAD)},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": load_before,
+                    "load_after": round(os.getloadavg()[0], 2)},
+        "hot_latency": summary(hot) | hot_info,
+        "cold_latency": summary(cold) | cold_info,
+        "hot_throughput": hot_tp,
+        "always_throughput": always_tp,
+        "disk_fsync_4k": fsync,
+        "targets": TARGETS,
+        "wall_s": round(wall, 1),
+    }
+    result["meets"] = {
+        "hot_accept_p99": result["hot_latency"]["p99_ms"] <= TARGETS["hot_accept_p99_ms"],
+        "cold_accept_p99": result["cold_latency"]["p99_ms"] <= TARGETS["cold_accept_p99_ms"],
+        "acked_submissions_per_s": hot_tp["acked_per_s"] >= TARGETS["acked_submissions_per_s"],
+    }
+    (RESULTS / "client_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, hot, cold, RESULTS / "client_bench.png")
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="30%% of the work (smoke run)")
+    out = asyncio.run(main(parser.parse_args().quick))
+    print(json.dumps({k: out[k] for k in ("hot_latency", "cold_latency", "hot_throughput", "always_throughput", "disk_fsync_4k", "meets", "machine")}, indent=1))
