@@ -139,6 +139,7 @@ class FanoutClient(Pump):
         self._outbox: Outbox | None = None
         self._writer: GroupWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -198,6 +199,8 @@ class FanoutClient(Pump):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self._close_timeout_s)
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.close()

@@ -67,6 +67,7 @@ class Pump:
         _spills: int
         _removes: list[int]
         _removing: set[int]
+        _background: set[asyncio.Task[None]]
         _last_error: str
         _last_cluster_error: str
         _acked: int
@@ -154,10 +155,16 @@ class Pump:
             self._spawn_write(batch, spill=True)
         self._lost.set()
 
+    def _spawn(self, coro: Any) -> None:
+        """Run a background coroutine, keeping a reference (the loop only keeps weak ones)."""
+        task = self._loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _spawn_write(self, batch: WriteBatch, spill: bool = False) -> None:
         self._pending_writes += 1
         self._spills += spill
-        self._loop.create_task(self._settle(batch, spill))
+        self._spawn(self._settle(batch, spill))
 
     async def _settle(self, batch: WriteBatch, spill: bool) -> None:
         """Commit a spill/failure batch, then fail dead-lettered handles and schedule retries."""
@@ -299,7 +306,7 @@ class Pump:
     def _flush_removes(self) -> None:
         if self._removes and self._writer is not None:
             removes, self._removes = self._removes, []
-            self._loop.create_task(self._commit_removes(removes))
+            self._spawn(self._commit_removes(removes))
 
     async def _commit_removes(self, removes: list[int]) -> None:
         assert self._writer is not None

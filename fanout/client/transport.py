@@ -97,6 +97,9 @@ class Connection:
         try:
             await asyncio.wait_for(self._loop.run_in_executor(None, self._paho.connect, host, port, self._keepalive_s), timeout_s)
             await asyncio.wait_for(asyncio.shield(self._connack), timeout_s)
+        except asyncio.CancelledError:
+            self.abort("connect cancelled")
+            raise
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
             self.abort(f"connect failed: {exc!r}")
             if isinstance(exc, ConnectFailed):
