@@ -12,14 +12,18 @@ Figures per system:
   before, divided by M, on a freshly started broker.
 - One paho-mqtt figure for (a), to show what a typical Python client gets.
 
-Strategy: the load generator is one asyncio (uvloop) process using the project's codec on raw sockets,
-identical for every broker: the publisher keeps a window of ``WINDOW`` unacknowledged QoS 1 publishes,
-subscribers PUBACK everything a read returned in one write. Each payload starts with the send time, so
-end-to-end latency percentiles come for free. The broker runs in its own process and competes with the
-generator for this machine's cores; generator CPU and the CPU used by every other process during a
-run are recorded next to each figure so a reader can see when the generator (or a neighbour) was the
-limit. Every run is bounded: a run that makes no progress for ``STALL_S`` seconds fails that figure, the
-other figures still run, and every broker started is stopped.
+Strategy: the load generator (:mod:`benchmarks.loadgen`) is one asyncio (uvloop) process using the
+project's codec on raw sockets, identical for every broker: the publisher keeps a window of ``WINDOW``
+QoS 1 publishes unacknowledged by the broker, and at most ``MAX_UNDELIVERED`` not yet received by a
+subscriber (brokers PUBACK on receipt, so without that bound a broker that ingests faster than it
+delivers would grow an unbounded queue); subscribers PUBACK everything a read returned in one write.
+Latency percentiles come from the send time carried in each payload. A run sends N messages or stops
+after ``max_run_s`` (the slow peer), then waits for what was sent; its figures use the messages that
+arrived. The broker runs in its own process and competes with the generator for this machine's cores;
+generator CPU and the CPU used by every other process during a run are recorded next to each figure
+so a reader can see when the generator (or a neighbour) was the limit. Every wait is bounded: a run
+that makes no progress for ``STALL_S`` seconds fails that figure, the other figures still run, and
+every broker started is stopped.
 
 Run alone: ``python -m benchmarks.broker_bench [--quick] [--systems fanout mosquitto amqtt]``; normally
 through ``python -m benchmarks.run``.
@@ -29,30 +33,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import struct
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import psutil
 
-from fanout.mqtt.codec import PacketReader, encode, encode_puback, encode_publish
-from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe
-
 from .common import (
-    INFLIGHT_WINDOW, SYSTEMS, PeerBroker, grouped_bars, machine_info, pyplot, raise_nofile_limit,
+    CLK_TCK, INFLIGHT_WINDOW, SYSTEMS, PeerBroker, grouped_bars, machine_info, pyplot, raise_nofile_limit,
     save_figure, versions, wait_for_quiet, write_result,
+)
+from .loadgen import (
+    MAX_UNDELIVERED, PAYLOAD_SIZE, STALL_S, WINDOW, LeanClient, Tally, close_all, connect, connect_many,
+    percentile_ms, pubacks, run_async, wait_progress,
 )
 
 NAME = "broker_bench"
-T = TypeVar("T")
+# Below this many clock ticks of broker CPU in a run, CPU comes from schedstat (ns) instead of
+# /proc/<pid>/stat utime+stime (10 ms ticks here).
+MIN_CPU_TICKS = 50
 
-WINDOW = 128  # unacknowledged QoS 1 publishes the generator's publisher keeps in flight
-PAYLOAD_SIZE = 64  # bytes; the first 8 carry the send time (perf_counter_ns)
-STALL_S = 30.0  # a run without progress for this long fails
-CONNECT_CONCURRENCY = 200  # TCP connects + CONNECTs in progress at once
 TARGETS = {"throughput_vs_mosquitto_min": 0.8, "cpu_us_per_msg_max": 15.0, "rss_per_conn_bytes_max": 6144}
 
 # Every figure each system must have (the quick-mode test checks them).
@@ -78,242 +80,80 @@ class Sizes:
     idle_connections: int
     paho_messages: int
     warmup: int
+    max_run_s: float  # a (a)/(b) run stops publishing after this long; its figures use what arrived
     quiet_wait_s: float  # before each measurement, wait up to this long for other CPU load to pass
 
 
-FULL = Sizes(messages_1to1=300_000, messages_1toN=300_000, subscribers=1_000, idle_connections=10_000,
-             paho_messages=40_000, warmup=5_000, quiet_wait_s=90.0)
-QUICK = Sizes(messages_1to1=2_000, messages_1toN=2_000, subscribers=100, idle_connections=500,
-              paho_messages=500, warmup=200, quiet_wait_s=0.0)
-
-_PAD = bytes(PAYLOAD_SIZE - 8)
-_TS = struct.Struct("<q")
-_now_ns = time.perf_counter_ns
-_PUBACKS: list[bytes] = []
-
-
-def _pubacks() -> list[bytes]:
-    if not _PUBACKS:
-        _PUBACKS.extend([b""] + [encode_puback(i) for i in range(1, 65536)])
-    return _PUBACKS
-
-
-# ---------------------------------------------------------------------------------------------------
-# lean load generator
-
-
-class Tally:
-    """Messages received by a group of subscribers, with latencies and a future set at ``expected``."""
-
-    __slots__ = ("received", "expected", "done", "latencies_ns", "last_ns")
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.expected = 0
-        self.done: asyncio.Future[None] | None = None
-        self.latencies_ns: list[int] = []
-        self.last_ns = 0
-
-    def arm(self, expected: int) -> None:
-        self.received = 0
-        self.expected = expected
-        self.latencies_ns = []
-        self.done = asyncio.get_running_loop().create_future()
-
-
-class LeanClient(asyncio.Protocol):
-    """One raw MQTT connection on the project's codec; PUBACKs QoS 1 PUBLISHes as it reads them."""
-
-    def __init__(self, client_id: str, tally: Tally | None = None, keepalive: int = 300) -> None:
-        loop = asyncio.get_running_loop()
-        self.client_id = client_id
-        self.tally = tally
-        self.keepalive = keepalive
-        self.reader = PacketReader()
-        self.transport: asyncio.Transport | None = None
-        self.connack: asyncio.Future[int] = loop.create_future()
-        self.suback: asyncio.Future[tuple[int, ...]] | None = None
-        self.lost: asyncio.Future[None] = loop.create_future()
-        # publisher state
-        self.sent = self.acked = self.outstanding = self.limit = 0
-        self.topics: list[bytes] = []
-        self.acked_all: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        connect = Connect(self.client_id, clean_session=True, keepalive=self.keepalive)
-        self.transport.write(encode(connect))  # type: ignore[union-attr]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.lost.done():
-            self.lost.set_result(None)
-        for fut in (self.connack, self.suback, self.acked_all, self.tally.done if self.tally else None):
-            if fut is not None and not fut.done():
-                fut.set_exception(ConnectionError(f"{self.client_id}: connection lost ({exc})"))
-
-    def data_received(self, data: bytes) -> None:
-        acks: list[bytes] = []
-        pubacks = 0
-        tally = self.tally
-        now = _now_ns()
-        for p in self.reader.feed(data):
-            tp = type(p)
-            if tp is Publish:
-                if p.qos:
-                    acks.append(_PUBACKS[p.packet_id])  # type: ignore[index]
-                if tally is not None:
-                    tally.latencies_ns.append(now - _TS.unpack_from(p.payload)[0])  # type: ignore[attr-defined]
-                    tally.received += 1
-            elif tp is Puback:
-                pubacks += 1
-            elif tp is Connack:
-                if not self.connack.done():
-                    self.connack.set_result(p.return_code)  # type: ignore[attr-defined]
-            elif tp is Suback:
-                if self.suback is not None and not self.suback.done():
-                    self.suback.set_result(p.return_codes)  # type: ignore[attr-defined]
-        if acks:
-            self.transport.write(b"".join(acks))  # type: ignore[union-attr]
-        if pubacks:
-            self.acked += pubacks
-            self.outstanding -= pubacks
-            self._fill()
-        if tally is not None and tally.received >= tally.expected and tally.done is not None \
-                and not tally.done.done():
-            tally.last_ns = now
-            tally.done.set_result(None)
-
-    async def subscribe(self, topic: str, timeout: float) -> None:
-        self.suback = asyncio.get_running_loop().create_future()
-        self.transport.write(encode(Subscribe(1, ((topic, 1),))))  # type: ignore[union-attr]
-        codes = await asyncio.wait_for(self.suback, timeout)
-        if codes != (1,):
-            raise RuntimeError(f"{self.client_id}: SUBACK {codes} for {topic!r}, expected (1,)")
-
-    def publish(self, count: int, topics: list[bytes]) -> None:
-        """Start sending ``count`` QoS 1 messages round robin over ``topics``, ``WINDOW`` unacked."""
-        self.topics = topics
-        self.limit = self.sent + count
-        self.acked_all = asyncio.get_running_loop().create_future()
-        self._fill()
-
-    def _fill(self) -> None:
-        out: list[bytes] = []
-        sent, limit, topics = self.sent, self.limit, self.topics
-        n_topics = len(topics)
-        room = min(WINDOW - self.outstanding, limit - sent)
-        if room > 0:
-            ts = _TS.pack(_now_ns()) + _PAD
-            for i in range(sent, sent + room):
-                out.append(encode_publish(topics[i % n_topics], ts, 1, False, False, i % 65535 + 1))
-            self.sent = sent + room
-            self.outstanding += room
-            self.transport.write(b"".join(out))  # type: ignore[union-attr]
-        elif self.acked >= limit and self.acked_all is not None and not self.acked_all.done():
-            self.acked_all.set_result(None)
-
-
-async def _connect(broker: PeerBroker, factory: Callable[[], LeanClient], timeout: float) -> LeanClient:
-    loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(loop.create_connection(factory, broker.host, broker.port), timeout)
-    code = await asyncio.wait_for(client.connack, timeout)
-    if code != 0:
-        raise RuntimeError(f"{client.client_id}: CONNACK return code {code}")
-    return client
-
-
-async def _connect_many(broker: PeerBroker, factories: Sequence[Callable[[], LeanClient]],
-                        progress: list[int]) -> list[LeanClient]:
-    sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
-
-    async def one(factory: Callable[[], LeanClient]) -> LeanClient:
-        async with sem:
-            client = await _connect(broker, factory, STALL_S)
-            progress[0] += 1
-            return client
-
-    return list(await _bounded(asyncio.gather(*(one(f) for f in factories)), lambda: progress[0]))
-
-
-async def _bounded(aw: Awaitable[T], progress: Callable[[], int], stall_s: float = STALL_S) -> T:
-    """Await ``aw``; fail with TimeoutError if ``progress()`` stays unchanged for ``stall_s``."""
-    task = asyncio.ensure_future(aw)
-    last, last_change = progress(), time.monotonic()
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=1.0)
-            if done:
-                return task.result()
-            now_progress = progress()
-            if now_progress != last:
-                last, last_change = now_progress, time.monotonic()
-            elif time.monotonic() - last_change > stall_s:
-                raise TimeoutError(f"no progress for {stall_s:.0f} s (at {now_progress})")
-    finally:
-        if not task.done():
-            task.cancel()
-
-
-def _close_all(clients: Sequence[LeanClient]) -> None:
-    for c in clients:
-        if c.transport is not None:
-            c.transport.abort()
-
-
-def _percentile_ms(sorted_ns: list[int], q: float) -> float | None:
-    if not sorted_ns:
-        return None
-    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1e6
+FULL = Sizes(messages_1to1=250_000, messages_1toN=250_000, subscribers=1_000, idle_connections=10_000,
+             paho_messages=20_000, warmup=5_000, max_run_s=60.0, quiet_wait_s=90.0)
+QUICK = Sizes(messages_1to1=1_000, messages_1toN=1_000, subscribers=100, idle_connections=300,
+              paho_messages=300, warmup=100, max_run_s=20.0, quiet_wait_s=0.0)
 
 
 def _cpu_busy_s() -> float:
     t = psutil.cpu_times()
-    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) \
-        + getattr(t, "steal", 0.0)
+    return t.user + t.nice + t.system  # irq/softirq time (loopback TCP) is the benchmark's own
 
 
 async def _pump(broker: PeerBroker, pub: LeanClient, tally: Tally, count: int, topics: list[bytes],
-                label: str) -> dict[str, Any]:
-    """Send ``count`` messages and wait until all are received and acknowledged; measure the run."""
+                label: str, max_s: float | None) -> dict[str, Any]:
+    """Send ``count`` messages (fewer if ``max_s`` passes first), wait until all sent are received and
+    acknowledged, and measure the run."""
     tally.arm(count)
     gc.disable()
-    cpu0, gen0, busy0 = broker.cpu_seconds(), time.process_time(), _cpu_busy_s()
-    t0_ns = _now_ns()
+    cpu0, fine0 = broker.cpu_seconds(), broker.cpu_seconds_precise()
+    gen0, busy0 = time.process_time(), _cpu_busy_s()
+    t0_ns = time.perf_counter_ns()
     try:
-        pub.publish(count, topics)
-        await _bounded(tally.done, lambda: tally.received)  # type: ignore[arg-type]
+        pub.publish(count, topics, tally)
+        capped = not await wait_progress(tally.done, lambda: tally.received, max_s=max_s)  # type: ignore[arg-type]
+        if capped:
+            pub.stop()  # the rest in flight (at most MAX_UNDELIVERED) still has to arrive
+            await wait_progress(tally.done, lambda: tally.received)  # type: ignore[arg-type]
         elapsed = (tally.last_ns - t0_ns) / 1e9
-        await _bounded(pub.acked_all, lambda: pub.acked)  # type: ignore[arg-type]
+        await wait_progress(pub.acked_all, lambda: pub.acked)  # type: ignore[arg-type]
     finally:
         gc.enable()
-    cpu = broker.cpu_seconds() - cpu0
+    cpu, fine1 = broker.cpu_seconds() - cpu0, broker.cpu_seconds_precise()
+    fine = fine1 - fine0 if fine0 is not None and fine1 is not None else None
+    source = "proc_stat"
+    if cpu < MIN_CPU_TICKS / CLK_TCK and fine is not None:
+        cpu, source = fine, "schedstat"  # a short run: clock ticks are too coarse
     gen = time.process_time() - gen0
     busy = _cpu_busy_s() - busy0
+    n = tally.received
     lat = sorted(tally.latencies_ns)
+    capacity = elapsed * (psutil.cpu_count() or 1)
+    other = max(0.0, busy - cpu - gen)
     return {
-        f"throughput_{label}_msg_s": count / elapsed,
-        f"cpu_us_per_msg_{label}": cpu / count * 1e6,
-        f"latency_{label}_p50_ms": _percentile_ms(lat, 0.50),
-        f"latency_{label}_p99_ms": _percentile_ms(lat, 0.99),
+        f"throughput_{label}_msg_s": n / elapsed,
+        f"cpu_us_per_msg_{label}": cpu / n * 1e6,
+        f"latency_{label}_p50_ms": percentile_ms(lat, 0.50),
+        f"latency_{label}_p99_ms": percentile_ms(lat, 0.99),
+        f"messages_{label}": n,
+        f"time_capped_{label}": capped,
         f"duration_{label}_s": elapsed,
         f"broker_cpu_{label}_s": cpu,
-        f"generator_cpu_us_per_msg_{label}": gen / count * 1e6,
-        f"other_cpu_{label}_s": max(0.0, busy - cpu - gen),
+        f"broker_cpu_source_{label}": source,
+        f"broker_cpu_schedstat_{label}_s": fine,
+        f"generator_cpu_us_per_msg_{label}": gen / n * 1e6,
+        f"other_cpu_{label}_s": other,
+        f"other_cpu_share_{label}": other / capacity if capacity > 0 else None,
     }
 
 
 async def scenario_1to1(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
     """(a) + (c): one publisher, one subscriber, one topic."""
     tally = Tally()
-    sub = await _connect(broker, lambda: LeanClient("bench-sub", tally), STALL_S)
-    pub = await _connect(broker, lambda: LeanClient("bench-pub"), STALL_S)
+    sub = await connect(broker.host, broker.port, lambda: LeanClient("bench-sub", tally), STALL_S)
+    pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub"), STALL_S)
     try:
         await sub.subscribe("bench/one", STALL_S)
         topics = [b"bench/one"]
-        await _pump(broker, pub, tally, sizes.warmup, topics, "warmup")
-        return await _pump(broker, pub, tally, sizes.messages_1to1, topics, "1to1")
+        await _pump(broker, pub, tally, sizes.warmup, topics, "warmup", None)
+        return await _pump(broker, pub, tally, sizes.messages_1to1, topics, "1to1", sizes.max_run_s)
     finally:
-        _close_all([pub, sub])
+        close_all([pub, sub])
 
 
 async def scenario_1toN(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
@@ -321,18 +161,18 @@ async def scenario_1toN(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
     tally = Tally()
     n = sizes.subscribers
     progress = [0]
-    subs = await _connect_many(broker, [lambda i=i: LeanClient(f"bench-sub-{i}", tally) for i in range(n)],
-                               progress)
+    factories = [lambda i=i: LeanClient(f"bench-sub-{i}", tally) for i in range(n)]
+    subs = await connect_many(broker.host, broker.port, factories, progress)
     clients = list(subs)
     try:
         await asyncio.gather(*(s.subscribe(f"bench/fan/{i}", STALL_S) for i, s in enumerate(subs)))
-        pub = await _connect(broker, lambda: LeanClient("bench-pub"), STALL_S)
+        pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub"), STALL_S)
         clients.append(pub)
         topics = [f"bench/fan/{i}".encode() for i in range(n)]
-        await _pump(broker, pub, tally, max(sizes.warmup, n), topics, "warmup")
-        return await _pump(broker, pub, tally, sizes.messages_1toN, topics, "1toN")
+        await _pump(broker, pub, tally, max(sizes.warmup, n), topics, "warmup", None)
+        return await _pump(broker, pub, tally, sizes.messages_1toN, topics, "1toN", sizes.max_run_s)
     finally:
-        _close_all(clients)
+        close_all(clients)
 
 
 async def scenario_idle(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
@@ -342,8 +182,8 @@ async def scenario_idle(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
     rss0 = broker.rss_bytes()
     progress = [0]
     t0 = time.monotonic()
-    clients = await _connect_many(broker, [lambda i=i: LeanClient(f"idle-{i:06d}") for i in range(m)],
-                                  progress)
+    factories = [lambda i=i: LeanClient(f"idle-{i:06d}") for i in range(m)]
+    clients = await connect_many(broker.host, broker.port, factories, progress)
     connect_s = time.monotonic() - t0
     try:
         await asyncio.sleep(1.0)
@@ -356,18 +196,7 @@ async def scenario_idle(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
             "connects_per_s": m / connect_s,
         }
     finally:
-        _close_all(clients)
-
-
-def _run_async(coro: Awaitable[T]) -> T:
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)  # type: ignore[arg-type]
+        close_all(clients)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -459,11 +288,11 @@ def bench_system(system: str, sizes: Sizes) -> dict[str, Any]:
     try:
         with PeerBroker(system) as broker:
             figures["version"] = broker.version()
-            _attempt(system, "1to1", figures, errors, lambda: _run_async(scenario_1to1(broker, sizes)), q)
+            _attempt(system, "1to1", figures, errors, lambda: run_async(scenario_1to1(broker, sizes)), q)
             _attempt(system, "paho_1to1", figures, errors, lambda: paho_1to1(broker, sizes.paho_messages), q)
-            _attempt(system, "1toN", figures, errors, lambda: _run_async(scenario_1toN(broker, sizes)), q)
+            _attempt(system, "1toN", figures, errors, lambda: run_async(scenario_1toN(broker, sizes)), q)
         with PeerBroker(system) as broker:
-            _attempt(system, "idle", figures, errors, lambda: _run_async(scenario_idle(broker, sizes)), q)
+            _attempt(system, "idle", figures, errors, lambda: run_async(scenario_idle(broker, sizes)), q)
     except Exception as exc:  # broker did not start (e.g. Mosquitto not installed)
         errors["broker"] = f"{type(exc).__name__}: {exc}"
         _log(f"{system:9s} FAILED {errors['broker']}")
@@ -537,16 +366,18 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     n = p["subscribers"]
     grouped_bars(axes[0][0], ["1 -> 1 (lean client)", f"1 -> {n:,} (lean client)", "1 -> 1 (paho-mqtt)"],
                  series(["throughput_1to1_msg_s", "throughput_1toN_msg_s", "paho_throughput_1to1_msg_s"]),
-                 ylabel="QoS 1 messages / s", title="End-to-end QoS 1 throughput (higher is better)")
+                 ylabel="QoS 1 messages / s (log)", log=True,
+                 title="End-to-end QoS 1 throughput (higher is better; target fanout >= 0.8x mosquitto)")
     grouped_bars(axes[0][1], ["1 -> 1", f"1 -> {n:,}"], series(["cpu_us_per_msg_1to1", "cpu_us_per_msg_1toN"]),
                  ylabel="broker CPU us / routed message", title="Broker CPU per routed QoS 1 message (lower is better)",
-                 target=TARGETS["cpu_us_per_msg_max"], target_label="target 15 us", fmt="{:,.1f}")
+                 target=TARGETS["cpu_us_per_msg_max"], target_label="target 15 us", fmt="{:,.1f}", log=True)
     grouped_bars(axes[1][0], [f"{p['idle_connections']:,} idle connections"], series(["rss_per_conn_bytes"], 1 / 1024),
                  ylabel="KiB RSS / connection", title="Broker RSS per idle connection (lower is better)",
                  target=TARGETS["rss_per_conn_bytes_max"] / 1024, target_label="target 6 KiB", fmt="{:,.1f}")
     grouped_bars(axes[1][1], ["1 -> 1 p50", "1 -> 1 p99", f"1 -> {n:,} p50", f"1 -> {n:,} p99"],
                  series(["latency_1to1_p50_ms", "latency_1to1_p99_ms", "latency_1toN_p50_ms", "latency_1toN_p99_ms"]),
-                 ylabel="ms", title=f"End-to-end latency with {p['window']} publishes in flight", fmt="{:,.1f}")
+                 ylabel="ms (log)", fmt="{:,.1f}", log=True,
+                 title=f"End-to-end latency (<= {p['window']} unacked, <= {p['max_undelivered']} undelivered)")
     m = result["machine"]
     fig.suptitle(f"{name} ({result['mode']}) - {m['cpu_model']}, {m['logical_cpus']} CPUs; "
                  "broker and load generator share the machine", fontsize=10)
@@ -575,12 +406,18 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "(amqtt has none), per-client queues large enough that no QoS 1 message is dropped, no persistence, "
         "TCP_NODELAY (set_tcp_nodelay for Mosquitto).",
         "(a)/(b)/paho share one broker process per system; (d) uses a fresh one.",
+        f"The publisher keeps {WINDOW} publishes unacknowledged and at most {MAX_UNDELIVERED} undelivered; "
+        "latency percentiles are therefore the time a message waits behind up to that many others.",
+        f"A (a)/(b) run stops publishing after {sizes.max_run_s:.0f} s (time_capped_* = true) and its figures "
+        "use the messages that arrived (messages_*).",
+        "other_cpu_share_* is the share of the machine's CPU used by processes other than the broker and "
+        "the generator during that run (e.g. other test suites); figures with a high share are noisy.",
     ]
     need = sizes.idle_connections + sizes.subscribers + 100
     if hard < need:
         notes.append(f"RLIMIT_NOFILE hard limit {hard} is below the {need} descriptors needed; "
                      "connection figures will fail")
-    _pubacks()
+    pubacks()
     started = time.time()
     result: dict[str, Any] = {
         "name": name,
@@ -588,7 +425,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "machine": machine_info(),
         "versions": versions(),
-        "params": {**asdict(sizes), "window": WINDOW, "payload_bytes": PAYLOAD_SIZE, "qos": 1,
+        "params": {**asdict(sizes), "window": WINDOW, "max_undelivered": MAX_UNDELIVERED, "payload_bytes": PAYLOAD_SIZE, "qos": 1,
                    "broker_inflight_window": INFLIGHT_WINDOW, "nofile_soft": soft, "nofile_hard": hard,
                    "stall_timeout_s": STALL_S, "generator": "asyncio + uvloop, fanout.mqtt.codec, one process"},
         "targets": TARGETS,

@@ -231,29 +231,33 @@ def pyplot() -> Any:
 
 def grouped_bars(ax: Any, groups: Sequence[str], series: dict[str, Sequence[float | None]], *,
                  ylabel: str, title: str, target: float | None = None, target_label: str = "target",
-                 fmt: str = "{:,.0f}") -> None:
+                 fmt: str = "{:,.0f}", log: bool = False) -> None:
     """Draw one group of bars per entry of ``groups``, one bar per series (system) in each group.
 
-    Missing values (None) leave a gap labelled ``n/a``. ``target`` draws a dashed horizontal line.
+    Missing values (None) leave a gap labelled ``n/a``. ``target`` draws a dashed horizontal line;
+    ``log`` uses a logarithmic y axis (for peers that differ by orders of magnitude).
     """
     n = max(len(series), 1)
     width = 0.8 / n
     colors = {"fanout": "#1f77b4", "mosquitto": "#2ca02c", "amqtt": "#ff7f0e"}
     for i, (label, values) in enumerate(series.items()):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
-        heights = [v if v is not None else 0.0 for v in values]
+        heights = [v if v is not None and v > 0 else (float("nan") if log else 0.0) for v in values]
         bars = ax.bar(xs, heights, width, label=label, color=colors.get(label))
         for bar, v in zip(bars, values):
             text = "n/a" if v is None else fmt.format(v)
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+            y = bar.get_height() if v is not None and v > 0 else (1.0 if log else 0.0)
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, y), ha="center",
                         va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
     if target is not None:
         ax.axhline(target, color="red", linestyle="--", linewidth=1, label=target_label)
+    if log:
+        ax.set_yscale("log")
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.margins(y=0.15)
+    ax.margins(y=0.25 if log else 0.15)
     ax.legend(fontsize=7)
 
 
@@ -276,6 +280,25 @@ def proc_cpu_seconds(pid: int) -> float:
     fields = stat[stat.rindex(")") + 2:].split()
     # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_cpu_seconds_precise(pid: int) -> float | None:
+    """CPU time of process ``pid`` summed over its live threads, in seconds with nanosecond resolution.
+
+    From ``/proc/<pid>/task/*/schedstat`` (first field: time on CPU in ns); None when the kernel has no
+    schedstat. Unlike :func:`proc_cpu_seconds` (10 ms ticks) it resolves short runs, but it omits
+    threads that exited.
+    """
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # thread exited meanwhile
+    except FileNotFoundError:
+        return None
+    return total / 1e9
 
 
 def proc_rss_bytes(pid: int) -> int:
@@ -346,6 +369,10 @@ class PeerBroker:
     def cpu_seconds(self) -> float:
         """Broker process CPU time (user + system) so far."""
         return proc_cpu_seconds(self.pid)
+
+    def cpu_seconds_precise(self) -> float | None:
+        """Broker CPU time from schedstat (ns resolution, live threads only), or None."""
+        return proc_cpu_seconds_precise(self.pid)
 
     def rss_bytes(self) -> int:
         """Broker process resident set size now."""

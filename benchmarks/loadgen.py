@@ -1,0 +1,288 @@
+"""Lean MQTT load generator for the benchmarks: raw asyncio sockets on the project's codec.
+
+Strategy: one ``asyncio.Protocol`` per connection (:class:`LeanClient`), no tasks or streams per
+connection, so one generator process drives thousands of connections and tens of thousands of
+messages per second. A publisher keeps a window of ``WINDOW`` unacknowledged QoS 1 publishes (refilled
+from ``data_received`` as PUBACKs arrive, one ``write`` per refill); a subscriber PUBACKs every QoS 1
+PUBLISH a read returned in one ``write`` (PUBACK bytes are prebuilt per packet id) and counts it in a
+shared :class:`Tally`. Each payload starts with the send time (``perf_counter_ns``), so end-to-end
+latency needs no extra packets. Every wait is bounded by progress (:func:`bounded`): a run that stops
+moving for ``STALL_S`` seconds raises ``TimeoutError`` instead of hanging. The same code drives every
+broker, so the generator's own cost is the same for all of them.
+"""
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Awaitable, Callable, Sequence, TypeVar
+
+from fanout.mqtt.codec import PacketReader, encode, encode_puback, encode_publish
+from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe
+
+T = TypeVar("T")
+
+WINDOW = 128  # unacknowledged QoS 1 publishes a publisher keeps in flight
+MAX_UNDELIVERED = 1024  # published but not yet received by a subscriber: bounds the broker's queues
+PAYLOAD_SIZE = 64  # bytes; the first 8 carry the send time (perf_counter_ns)
+STALL_S = 30.0  # a wait without progress for this long fails
+CONNECT_CONCURRENCY = 200  # TCP connects + CONNECTs in progress at once
+
+_PAD = bytes(PAYLOAD_SIZE - 8)
+_TS = struct.Struct("<q")
+_now_ns = time.perf_counter_ns
+_PUBACKS: list[bytes] = []
+
+
+def pubacks() -> list[bytes]:
+    """PUBACK packets for every packet id, built once (index = packet id)."""
+    if not _PUBACKS:
+        _PUBACKS.extend([b""] + [encode_puback(i) for i in range(1, 65536)])
+    return _PUBACKS
+
+
+# ---------------------------------------------------------------------------------------------------
+# lean load generator
+
+
+class Tally:
+    """Messages received by a group of subscribers, with latencies and a future set at ``expected``.
+
+    ``publisher`` (set by :meth:`LeanClient.publish`) is refilled as messages arrive when it waits on
+    ``MAX_UNDELIVERED``.
+    """
+
+    __slots__ = ("received", "expected", "done", "latencies_ns", "last_ns", "publisher")
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.expected = 0
+        self.done: asyncio.Future[None] | None = None
+        self.latencies_ns: list[int] = []
+        self.last_ns = 0
+        self.publisher: LeanClient | None = None
+
+    def arm(self, expected: int) -> None:
+        """Start counting a new run of ``expected`` messages."""
+        self.received = 0
+        self.expected = expected
+        self.latencies_ns = []
+        self.done = asyncio.get_running_loop().create_future()
+
+    def check(self, now_ns: int) -> None:
+        """Resolve ``done`` once ``expected`` messages arrived (``now_ns`` is the last arrival)."""
+        if self.received >= self.expected and self.done is not None and not self.done.done():
+            self.last_ns = now_ns
+            self.done.set_result(None)
+
+
+class LeanClient(asyncio.Protocol):
+    """One raw MQTT connection on the project's codec; PUBACKs QoS 1 PUBLISHes as it reads them."""
+
+    def __init__(self, client_id: str, tally: Tally | None = None, keepalive: int = 300) -> None:
+        loop = asyncio.get_running_loop()
+        self.client_id = client_id
+        self.tally = tally
+        self.keepalive = keepalive
+        self.reader = PacketReader()
+        self.transport: asyncio.Transport | None = None
+        self.connack: asyncio.Future[int] = loop.create_future()
+        self.suback: asyncio.Future[tuple[int, ...]] | None = None
+        self.lost: asyncio.Future[None] = loop.create_future()
+        # publisher state
+        self.sent = self.acked = self.outstanding = self.limit = self.base = 0
+        self.blocked = False  # waiting for subscribers (MAX_UNDELIVERED), not for PUBACKs
+        self.topics: list[bytes] = []
+        self.delivered: Tally | None = None
+        self.acked_all: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        connect = Connect(self.client_id, clean_session=True, keepalive=self.keepalive)
+        self.transport.write(encode(connect))  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        for fut in (self.connack, self.suback, self.acked_all, self.tally.done if self.tally else None):
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionError(f"{self.client_id}: connection lost ({exc})"))
+
+    def data_received(self, data: bytes) -> None:
+        acks: list[bytes] = []
+        pubacks = 0
+        tally = self.tally
+        now = _now_ns()
+        for p in self.reader.feed(data):
+            tp = type(p)
+            if tp is Publish:
+                if p.qos:
+                    acks.append(_PUBACKS[p.packet_id])  # type: ignore[index]
+                if tally is not None:
+                    tally.latencies_ns.append(now - _TS.unpack_from(p.payload)[0])  # type: ignore[attr-defined]
+                    tally.received += 1
+            elif tp is Puback:
+                pubacks += 1
+            elif tp is Connack:
+                if not self.connack.done():
+                    self.connack.set_result(p.return_code)  # type: ignore[attr-defined]
+            elif tp is Suback:
+                if self.suback is not None and not self.suback.done():
+                    self.suback.set_result(p.return_codes)  # type: ignore[attr-defined]
+        if acks:
+            self.transport.write(b"".join(acks))  # type: ignore[union-attr]
+        if pubacks:
+            self.acked += pubacks
+            self.outstanding -= pubacks
+            self._fill()
+        if tally is not None:
+            pub = tally.publisher
+            if pub is not None and pub.blocked:
+                pub._fill()
+            tally.check(now)
+
+    async def subscribe(self, topic: str, timeout: float) -> None:
+        self.suback = asyncio.get_running_loop().create_future()
+        self.transport.write(encode(Subscribe(1, ((topic, 1),))))  # type: ignore[union-attr]
+        codes = await asyncio.wait_for(self.suback, timeout)
+        if codes != (1,):
+            raise RuntimeError(f"{self.client_id}: SUBACK {codes} for {topic!r}, expected (1,)")
+
+    def publish(self, count: int, topics: list[bytes], delivered: Tally) -> None:
+        """Start sending ``count`` QoS 1 messages round robin over ``topics``.
+
+        At most ``WINDOW`` are unacknowledged by the broker and at most ``MAX_UNDELIVERED`` are not yet
+        counted by ``delivered`` (the subscribers' tally, armed by the caller).
+        """
+        self.topics = topics
+        self.base = self.sent
+        self.limit = self.sent + count
+        self.delivered = delivered
+        delivered.publisher = self
+        self.acked_all = asyncio.get_running_loop().create_future()
+        self._fill()
+
+    def stop(self) -> None:
+        """Send nothing more; ``delivered`` now expects only what was sent, ``acked_all`` what was sent."""
+        self.limit = self.sent
+        if self.delivered is not None:
+            self.delivered.expected = self.sent - self.base
+            self.delivered.check(_now_ns())
+        self._fill()
+
+    def _fill(self) -> None:
+        out: list[bytes] = []
+        sent, limit, topics = self.sent, self.limit, self.topics
+        n_topics = len(topics)
+        room = min(WINDOW - self.outstanding, limit - sent)
+        delivered = self.delivered
+        if delivered is not None:
+            undelivered = sent - self.base - delivered.received
+            if MAX_UNDELIVERED - undelivered < room:
+                room = MAX_UNDELIVERED - undelivered
+                self.blocked = room <= 0
+        if room > 0:
+            ts = _TS.pack(_now_ns()) + _PAD
+            for i in range(sent, sent + room):
+                out.append(encode_publish(topics[i % n_topics], ts, 1, False, False, i % 65535 + 1))
+            self.sent = sent + room
+            self.outstanding += room
+            self.transport.write(b"".join(out))  # type: ignore[union-attr]
+        elif self.acked >= limit and self.acked_all is not None and not self.acked_all.done():
+            self.acked_all.set_result(None)
+
+
+async def connect(host: str, port: int, factory: Callable[[], LeanClient], timeout: float = STALL_S) -> LeanClient:
+    """Open one connection, send CONNECT and wait for a successful CONNACK."""
+    loop = asyncio.get_running_loop()
+    _, client = await asyncio.wait_for(loop.create_connection(factory, host, port), timeout)
+    code = await asyncio.wait_for(client.connack, timeout)
+    if code != 0:
+        raise RuntimeError(f"{client.client_id}: CONNACK return code {code}")
+    return client
+
+
+async def connect_many(host: str, port: int, factories: Sequence[Callable[[], LeanClient]],
+                       progress: list[int]) -> list[LeanClient]:
+    """Connect one client per factory, ``CONNECT_CONCURRENCY`` at a time; ``progress[0]`` counts them."""
+    sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def one(factory: Callable[[], LeanClient]) -> LeanClient:
+        async with sem:
+            client = await connect(host, port, factory, STALL_S)
+            progress[0] += 1
+            return client
+
+    return list(await bounded(asyncio.gather(*(one(f) for f in factories)), lambda: progress[0]))
+
+
+async def wait_progress(fut: asyncio.Future[None], progress: Callable[[], int], stall_s: float = STALL_S,
+                        max_s: float | None = None) -> bool:
+    """Wait for ``fut`` without cancelling it.
+
+    Returns:
+        True when ``fut`` completed, False when ``max_s`` seconds passed first.
+
+    Raises:
+        TimeoutError: ``progress()`` stayed unchanged for ``stall_s`` seconds.
+    """
+    start = last_change = time.monotonic()
+    last = progress()
+    while True:
+        done, _ = await asyncio.wait({fut}, timeout=1.0)
+        if done:
+            fut.result()
+            return True
+        now = time.monotonic()
+        if max_s is not None and now - start >= max_s:
+            return False
+        current = progress()
+        if current != last:
+            last, last_change = current, now
+        elif now - last_change > stall_s:
+            raise TimeoutError(f"no progress for {stall_s:.0f} s (at {current})")
+
+
+async def bounded(aw: Awaitable[T], progress: Callable[[], int], stall_s: float = STALL_S) -> T:
+    """Await ``aw``; fail with TimeoutError if ``progress()`` stays unchanged for ``stall_s``."""
+    task = asyncio.ensure_future(aw)
+    last, last_change = progress(), time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            now_progress = progress()
+            if now_progress != last:
+                last, last_change = now_progress, time.monotonic()
+            elif time.monotonic() - last_change > stall_s:
+                raise TimeoutError(f"no progress for {stall_s:.0f} s (at {now_progress})")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def close_all(clients: Sequence[LeanClient]) -> None:
+    """Abort every client connection (no DISCONNECT: the broker sees them drop)."""
+    for c in clients:
+        if c.transport is not None:
+            c.transport.abort()
+
+
+def percentile_ms(sorted_ns: list[int], q: float) -> float | None:
+    """The ``q`` quantile of sorted nanosecond values, in milliseconds (None if empty)."""
+    if not sorted_ns:
+        return None
+    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1e6
+
+
+def run_async(coro: Awaitable[T]) -> T:
+    """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's when uvloop is missing)."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)  # type: ignore[arg-type]
