@@ -75,6 +75,15 @@ def test_enqueue_mixed_fresh_and_existing_in_one_op(store):
     assert store.pending_count() == 4
 
 
+def test_enqueue_requeue_fresh_and_in_op_duplicates_together(store):
+    store.apply(WriteBatch().enqueue_many(["V1", "V2", "V4"], T0, "req", "d1"))
+    res = store.apply(WriteBatch().enqueue_many(["V3", "V1", "V2", "V1", "V3"], T0 + 1, "req", "d2"))
+    assert res.counts == {"enqueue_new": 3, "enqueue_dup": 2}
+    assert [(r.data_id, r.ts_ms) for r in store.next_rows("V1", 5)] == [("d1", T0), ("d2", T0 + 1)]
+    assert [r.data_id for r in store.next_rows("V3", 5)] == ["d2"]
+    assert {r["vin"]: r["data_id"] for r in store.request_rows("req")} == {"V1": "d2", "V2": "d2", "V3": "d2", "V4": "d1"}
+
+
 def test_consecutive_enqueue_calls_coalesce():
     b = WriteBatch()
     for vin in ("A", "B", "C"):
