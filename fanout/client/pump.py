@@ -263,6 +263,8 @@ class Pump:
         try:
             self._inflight.send(sub, self.max_batch, conn.publish, time.monotonic())
         except PublishFailed as exc:
+            if exc.connection_lost:
+                return  # stays tracked: the coming loss report spills it as a suspect, uncharged
             self._inflight.forget(sub.seq)
             if self._isolated == sub.seq:
                 self._isolated = None

@@ -31,7 +31,15 @@ class ConnectFailed(OSError):
 
 
 class PublishFailed(OSError):
-    """paho refused to queue a PUBLISH (connection gone, invalid topic, oversized payload)."""
+    """paho refused to queue a PUBLISH (connection gone, invalid topic, oversized payload).
+
+    Attributes:
+        connection_lost: True when the connection is gone (not the message's fault).
+    """
+
+    def __init__(self, message: str, connection_lost: bool = False) -> None:
+        super().__init__(message)
+        self.connection_lost = connection_lost
 
 
 class Connection:
@@ -116,13 +124,14 @@ class Connection:
             PublishFailed: paho refused it (not connected, invalid topic or payload).
         """
         if self._lost:
-            raise PublishFailed("connection lost")
+            raise PublishFailed("connection lost", connection_lost=True)
         try:
             info = self._paho.publish(topic, payload, qos=1)
         except ValueError as exc:
             raise PublishFailed(f"publish refused by paho: {exc}") from None
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
-            raise PublishFailed(f"publish failed: {mqtt.error_string(info.rc)}")
+            lost = info.rc in (mqtt.MQTT_ERR_NO_CONN, mqtt.MQTT_ERR_CONN_LOST)
+            raise PublishFailed(f"publish failed: {mqtt.error_string(info.rc)}", connection_lost=lost)
         return info.mid
 
     def subscribe(self, topic: str) -> None:

@@ -108,6 +108,7 @@ async def test_poison_item_is_dead_lettered_after_max_attempts_while_later_items
             [dead] = await client.dead_letters()
             assert (dead.request_id, dead.attempts, dead.payload_bytes) == ("poison", 3, 100_000)
             assert "disconnected" in dead.last_error or "closed" in dead.last_error, dead
+            assert await _eventually(lambda: client.mode == "hot")  # reconnected after the poison's last close
             st = client.status()
             assert (st.dead_letters, st.outbox_depth, st.mode) == (1, 0, "hot"), st
             assert time.monotonic() - t0 < 20
