@@ -39,6 +39,7 @@ CONTROLLER_NAME = "fanout-controller"
 NAMESPACE = "sdv-fanout"
 HEALTH_PERIOD_S = 2.0
 HEALTH_TIMEOUT_S = 10.0
+NODE_START_TIMEOUT_S = 120.0
 
 
 def fanout_ray_nodes() -> list[dict[str, Any]]:
@@ -105,7 +106,16 @@ class Controller:
         for rn in ray_nodes:
             node_id, handle = self._place_node(rn, handles)
             handles[node_id] = handle
-        results = await asyncio.gather(*(h.ready.remote() for h in handles.values()), return_exceptions=True)
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(h.ready.remote() for h in handles.values()), return_exceptions=True),
+                NODE_START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            for h in handles.values():
+                ray.kill(h)
+            raise RuntimeError(
+                f"connection nodes not started within {NODE_START_TIMEOUT_S:.0f}s: is another fanout cluster "
+                "holding the 'fanout_node' resource of these Ray nodes?") from None
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for h in handles.values():

@@ -176,27 +176,55 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
 
 
 def write_address_file(data_dir: str | os.PathLike[str]) -> None:
-    """Record the running Ray cluster's address in ``<data_dir>/ray_address``."""
+    """Record the running Ray cluster's address (and its auth mode) in ``<data_dir>/ray_address``.
+
+    Format: the address on the first line, then ``auth_mode=token`` when the cluster uses Ray's token
+    authentication (a client joining by explicit address must then opt in, see :func:`connect`).
+    """
     import ray
 
     try:
         address = ray.get_runtime_context().gcs_address
     except Exception:
         return
-    (Path(data_dir) / ADDRESS_FILE).write_text(address + "\n")
+    lines = [address]
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode:
+        lines.append(f"auth_mode={mode}")
+    (Path(data_dir) / ADDRESS_FILE).write_text("\n".join(lines) + "\n")
 
 
 def find_address(data_dir: str | os.PathLike[str] | None, address: str | None) -> str:
-    """The Ray address to connect to: explicit, else ``<data_dir>/ray_address``, else ``auto``."""
+    """The Ray address to connect to: explicit, else ``<data_dir>/ray_address``, else ``auto``.
+
+    Reading the file also adopts its ``auth_mode`` (sets ``RAY_AUTH_MODE`` unless already set): Ray only
+    sends its token (``~/.ray/auth_token``) to an explicit address when that mode is on.
+    """
     if address:
         return address
     if data_dir is not None:
         p = Path(data_dir) / ADDRESS_FILE
         if p.exists():
-            text = p.read_text().strip()
-            if text:
-                return text
+            lines = p.read_text().split()
+            if lines:
+                for extra in lines[1:]:
+                    if extra.startswith("auth_mode="):
+                        os.environ.setdefault("RAY_AUTH_MODE", extra.split("=", 1)[1])
+                return lines[0]
     return "auto"
+
+
+def _probe(address: str, timeout_s: float = 3.0) -> None:
+    """Fail fast when nothing listens at ``HOST:PORT`` (``ray.init`` would retry for a minute or more)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://...": let Ray resolve it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RuntimeError(f"no Ray cluster at {address!r}: {exc.strerror or exc}") from None
 
 
 def connect(address: str, name: str | None = None) -> Any:
@@ -210,6 +238,7 @@ def connect(address: str, name: str | None = None) -> Any:
     from actors.controller import CONTROLLER_NAME, NAMESPACE
 
     if not ray.is_initialized():
+        _probe(address)
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
         except Exception as exc:

@@ -18,6 +18,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "broker",
     "send",
     "outbox",
+    "up",
+    "status",
     "gc_cmd",
 )
 

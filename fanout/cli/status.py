@@ -1,0 +1,64 @@
+"""``fanout status`` and ``fanout inspect vin|data|request ID``: query a running fanout cluster (JSON).
+
+Both join the cluster's Ray instance and call the named ``fanout-controller`` actor. The Ray address is
+``--address`` if given, else the one ``fanout up`` wrote to ``<data_dir>/ray_address`` (``--data-dir`` or
+the config's ``storage.data_dir``), else ``auto`` (the most recent Ray cluster started on this machine).
+Exit 1 with a message when no cluster is found.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="TOML config file (for storage.data_dir)")
+    p.add_argument("--data-dir", default=None, help="data dir of the cluster (holds ray_address)")
+    p.add_argument("--address", default=None, help="Ray address (default: <data_dir>/ray_address, else auto)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("status", help="print the cluster status as JSON (nodes, shards, totals)")
+    _common(p)
+    p.set_defaults(func=_status)
+    q = sub.add_parser("inspect", help="show one VIN, data blob or request as JSON")
+    q.add_argument("kind", choices=("vin", "data", "request"))
+    q.add_argument("ident", metavar="ID")
+    _common(q)
+    q.set_defaults(func=_inspect)
+
+
+def _controller(args: argparse.Namespace) -> Any:
+    from fanout.config import load_config
+
+    from cluster.runtime import connect, find_address
+
+    cfg = load_config(args.config, overrides={"storage": {"data_dir": args.data_dir}})
+    return connect(find_address(cfg.storage.data_dir, args.address))
+
+
+def _call(args: argparse.Namespace, method: str, *call_args: Any) -> int:
+    import ray
+
+    try:
+        controller = _controller(args)
+        result = ray.get(getattr(controller, method).remote(*call_args), timeout=60)
+    except RuntimeError as exc:
+        print(f"fanout: {exc}", file=sys.stderr)
+        return 1
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if exc.cause is not None else exc
+        print(f"fanout: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    return _call(args, "status")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    return _call(args, "inspect", args.kind, args.ident)

@@ -1,0 +1,111 @@
+"""The command line: ``fanout up`` as a subprocess (own local Ray), ``fanout status``/``inspect`` against it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .fanout_harness import Vehicle, publish_batch
+
+FANOUT = str(Path(sys.executable).parent / "fanout")
+READY_TIMEOUT_S = 240  # a local Ray start takes 5-8 s idle, far more on a busy 2-core machine
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["FANOUT_LOG_JSON"] = "1"
+    return env
+
+
+def _read_ready_line(proc: subprocess.Popen, timeout: float) -> str:
+    box: list[str] = []
+    t = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box or not box[0]:
+        proc.kill()
+        raise AssertionError(f"`fanout up` printed no ready line within {timeout:.0f}s (exit code {proc.poll()})")
+    return box[0]
+
+
+def test_fanout_up_prints_ready_line_serves_status_and_stops_on_sigterm(tmp_path):
+    data_dir = tmp_path / "data"
+    err = open(tmp_path / "up.err", "w")
+    proc = subprocess.Popen([FANOUT, "up", "--port", "0", "--data-dir", str(data_dir), "--address", "local"],
+                            stdout=subprocess.PIPE, stderr=err, text=True, env=_env())
+    try:
+        line = _read_ready_line(proc, READY_TIMEOUT_S)
+        assert line.startswith("fanout ready mqtt://127.0.0.1:"), line
+        port = int(line.strip().rsplit(":", 1)[1])
+        publish_batch(port, ["CLI1"], "cli-1")
+        car = Vehicle(port, "CLI1")
+        try:
+            car.heartbeat()
+            assert car.next_message(30).topic == "agent/CLI1/proxy/request/cli-1"
+        finally:
+            car.close()
+        status = subprocess.run([FANOUT, "status", "--data-dir", str(data_dir)], capture_output=True, text=True,
+                                timeout=120, env=_env())
+        assert status.returncode == 0, status.stderr[-2000:]
+        st = json.loads(status.stdout)
+        assert st["nodes"][0]["port"] == port and len(st["shards"]) >= 1
+        inspect = subprocess.run([FANOUT, "inspect", "request", "cli-1", "--data-dir", str(data_dir)],
+                                 capture_output=True, text=True, timeout=120, env=_env())
+        assert inspect.returncode == 0, inspect.stderr[-2000:]
+        assert json.loads(inspect.stdout)["rows"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+        rest = proc.stdout.read()
+        assert rest == "", f"only the ready line goes to stdout, got {rest!r}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        err.close()
+
+
+def test_taken_port_fails_start_with_a_message_naming_it(ray_local, tmp_path):
+    """In process on the session Ray (no other fanout cluster may hold the fanout_node resource)."""
+    import socket
+
+    from cluster.runtime import start_fanout
+
+    from .fanout_harness import fanout_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cfg = fanout_config(tmp_path).replace("mqtt", port=port)
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}"):
+            start_fanout(cfg, name="fanout-controller-port-taken", log_to_driver=False)
+
+
+def test_fanout_up_with_a_bad_config_exits_2_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[fanout]\ntopic_prefix = "no-placeholder"\n')
+    started = time.monotonic()
+    r = subprocess.run([FANOUT, "up", "--config", str(bad), "--data-dir", str(tmp_path / "d")], capture_output=True,
+                       text=True, timeout=120, env=_env())
+    assert r.returncode == 2 and "fanout.topic_prefix" in r.stderr and r.stdout == ""
+    assert time.monotonic() - started < 60  # refused before any Ray start
+
+
+def test_fanout_status_without_a_cluster_exits_1(tmp_path):
+    r = subprocess.run([FANOUT, "status", "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120,
+                       env=_env())
+    assert r.returncode == 1 and "no Ray cluster" in r.stderr
+
+
+@pytest.mark.parametrize("module", ["fanout.cli.up", "fanout.cli.status"])
+def test_cli_modules_import_without_ray(module):
+    code = f"import sys, {module}; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
