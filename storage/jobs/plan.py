@@ -12,7 +12,9 @@ gets at most one action; the first rule that matches wins:
 1. ``ids`` ``expired``: ``ts_ms < cutoff``.
 2. ``ids`` ``orphan``: the row's ``data_id`` has no ``meta`` row in the shard (its blob is gone).
 3. ``ids`` ``duplicate``: another live row has the same ``(vin, request_id, data_id)`` and an older
-   ``ts_ms``; the oldest live row is kept (it is first in the vehicle's queue).
+   ``ts_ms``; the oldest live row is kept (it is first in the vehicle's queue). With
+   ``dedup_content`` the data id compared is the canonical one of rule 4, so a repoint never creates
+   a duplicate that only the next cycle would remove.
 4. ``ids`` ``content_duplicate`` (only with ``dedup_content``): the row's blob has the same
    ``(sha1, size)`` as another blob of the shard; it is repointed to the group's canonical data id
    (latest ``meta.ts_ms``, then smallest data id, so the blob that lives longest is kept).
@@ -23,11 +25,12 @@ gets at most one action; the first rule that matches wins:
 Content-duplicate groups are always reported (``content_dups``), repointed only with
 ``dedup_content``.
 
-Output (under ``plan_dir``): ``actions/shard=<k>/part-*.parquet`` with ``ACTION_COLUMNS``, sorted
-per shard by ``phase`` (repoints, then ids deletes, reqs deletes, blob deletes last so no row is
-ever left pointing at a deleted blob, even after a crash mid-apply) and by key within a phase (so
-each apply batch touches a narrow key range of LMDB); ``content_dups/shard=<k>/``; and
-``_plan.json`` (watermarks, cutoff, counts). ``_plan.json`` is written last: no file, no plan.
+Output (under ``plan_dir``): ``actions/shard=<k>/part-*.parquet`` with ``ACTION_COLUMNS``, each
+file sorted by ``phase`` and by LMDB key within a phase (so each apply batch touches a narrow key
+range); the apply reads the phases in order -- repoints, ids deletes, reqs deletes, blob deletes
+last, so no row is ever left pointing at a deleted blob, even after a crash mid-apply.
+``content_dups/shard=<k>/`` reports the groups; ``_plan.json`` (watermarks, cutoff, counts) is
+written last: no file, no plan.
 """
 from __future__ import annotations
 
@@ -180,21 +183,15 @@ def compute_plan(
     dups.write.mode("overwrite").partitionBy("shard").parquet(str(out / CONTENT_DUPS))
     dups = spark.read.schema(_CONTENT_DUPS_SCHEMA).parquet(str(out / CONTENT_DUPS))
     actions = _actions(ids, reqs, meta, dups, cutoff, dedup_content)
-    (
-        actions.repartition("shard")
-        .sortWithinPartitions("shard", "phase", "k1", "k2", "k3")
+    (  # no repartition: each task writes its rows of a shard sorted by (phase, key)
+        actions.sortWithinPartitions("shard", "phase", "k1", "k2", "k3")
         .drop("k1", "k2", "k3")
         .write.mode("overwrite")
         .partitionBy("shard")
         .parquet(str(out / ACTIONS))
     )
-    counts: dict[int, dict[str, int]] = {k: {} for k in shards}
-    if (out / ACTIONS).exists() and any((out / ACTIONS).glob("shard=*")):
-        for row in spark.read.parquet(str(out / ACTIONS)).groupBy("shard", "op", "reason").count().collect():
-            counts[int(row["shard"])][f"{row['op']}/{row['reason']}"] = int(row["count"])
-    groups = {k: 0 for k in shards}
-    for row in dups.groupBy("shard").agg(F.countDistinct("sha1", "size").alias("n")).collect():
-        groups[int(row["shard"])] = int(row["n"])
+    counts = {k: _count(out / ACTIONS, k, ("op", "reason")) for k in shards}
+    groups = {k: len(_count(out / CONTENT_DUPS, k, ("sha1", "size"))) for k in shards}
     info = PlanInfo(
         plan_id=uuid.uuid4().hex,
         plan_dir=str(out),
@@ -216,6 +213,18 @@ def compute_plan(
     return info
 
 
+def _count(root: Path, shard: int, columns: tuple[str, ...]) -> dict[str, int]:
+    """Rows per distinct ``columns`` value in one shard's Parquet output (read back with pyarrow)."""
+    import pyarrow.dataset as ds
+
+    files = sorted(str(f) for f in (root / f"shard={shard}").glob("*.parquet"))
+    if not files:
+        return {}
+    table = ds.dataset(files, format="parquet").to_table(columns=list(columns))
+    grouped = table.group_by(list(columns)).aggregate([([], "count_all")]).to_pylist()
+    return {"/".join(str(row[c]) for c in columns): int(row["count_all"]) for row in grouped}
+
+
 def _content_dups(meta: DataFrame) -> DataFrame:
     """Blobs of one shard with identical ``(sha1, size)``: every member and its group's canonical id."""
     from pyspark.sql import Window
@@ -234,7 +243,6 @@ def _content_dups(meta: DataFrame) -> DataFrame:
 def _actions(ids: DataFrame, reqs: DataFrame, meta: DataFrame, dups: DataFrame, cutoff: int,
              dedup_content: bool) -> DataFrame:
     """Union of all actions, with sort keys ``k1``/``k2``/``k3`` (LMDB key order within each phase)."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     col, lit = F.col, F.lit
@@ -245,21 +253,31 @@ def _actions(ids: DataFrame, reqs: DataFrame, meta: DataFrame, dups: DataFrame, 
     )
     expired = col("ts_ms") < lit(cutoff)
     orphan = col("has_meta").isNull()
-    same_row = Window.partitionBy("shard", "vin", "request_id", "data_id")
-    oldest_live = F.min(F.when(~expired & ~orphan, col("ts_ms"))).over(same_row)
+    with_meta = ids.join(known, ["shard", "data_id"], "left")
+    if dedup_content:  # rows of a content duplicate count as rows of its canonical blob
+        with_meta = with_meta.join(F.broadcast(repoint), ["shard", "data_id"], "left")
+    else:
+        with_meta = with_meta.withColumn("canonical", null_str)
+    with_meta = with_meta.withColumn("content", F.coalesce("canonical", "data_id"))
+    # duplicates are rare: find the (vin, request_id, content) groups with more than one live row
+    # (one hash aggregate) and broadcast them back, instead of sorting every row in a window
+    same_row = ["shard", "vin", "request_id", "content"]
+    dup_groups = (
+        with_meta.filter(~expired & ~orphan)
+        .groupBy(*same_row)
+        .agg(F.min("ts_ms").alias("oldest_live"), F.count("*").alias("live_rows"))
+        .filter(col("live_rows") > 1)
+        .drop("live_rows")
+    )
     classified = (
-        ids.join(known, ["shard", "data_id"], "left")
+        with_meta.join(F.broadcast(dup_groups), same_row, "left")
         .withColumn(
             "reason",
             F.when(expired, lit(REASON_EXPIRED))
             .when(orphan, lit(REASON_ORPHAN))
-            .when(col("ts_ms") > oldest_live, lit(REASON_DUPLICATE)),
+            .when(col("ts_ms") > col("oldest_live"), lit(REASON_DUPLICATE)),
         )
     )
-    if dedup_content:
-        classified = classified.join(repoint, ["shard", "data_id"], "left")
-    else:
-        classified = classified.withColumn("canonical", null_str)
     delete_ids = classified.filter(col("reason").isNotNull()).select(
         "shard", lit(PHASES.index(OP_DELETE_IDS)).alias("phase"), lit(OP_DELETE_IDS).alias("op"), "reason",
         "vin", "ts_ms", "request_id", "data_id", null_str.alias("new_data_id"), null_str.alias("status"),
@@ -272,7 +290,7 @@ def _actions(ids: DataFrame, reqs: DataFrame, meta: DataFrame, dups: DataFrame, 
         col("canonical").alias("new_data_id"), null_str.alias("status"),
         col("vin").alias("k1"), col("ts_ms").alias("k2"), col("request_id").alias("k3"),
     )
-    referenced = survivors.select("shard", F.coalesce("canonical", "data_id").alias("data_id")).distinct()
+    referenced = survivors.select("shard", col("content").alias("data_id")).distinct()
     blob_reason = F.when(col("ts_ms") < lit(cutoff), lit(REASON_EXPIRED))
     blobs = meta
     if dedup_content:
