@@ -181,7 +181,10 @@ class Pump:
         finally:
             self._pending_writes -= 1
             self._spills -= spill
+        mine = {f.seq for f in batch.failures}  # the result covers the whole merged commit
         for seq, (attempts, error) in result.dead.items():
+            if seq not in mine:
+                continue
             log.error("client.dead_letter", seq=seq, attempts=attempts, error=error)
             self._suspects.discard(seq)
             h = self._handles.pop(seq, None)
@@ -190,6 +193,8 @@ class Pump:
                 h._fail(FanoutRejected(seq, h.request_id, attempts, detail) if detail is not None
                         else FanoutDeadLettered(seq, h.request_id, attempts, error))
         for seq, next_ms in result.retry.items():
+            if seq not in mine:
+                continue
             self._rejections.pop(seq, None)
             log.info("client.retry_scheduled", seq=seq, in_s=round((next_ms - now_ms()) / 1000, 3))
             self._loop.call_later(max(0.0, (next_ms - now_ms()) / 1000), self._retry_due)
