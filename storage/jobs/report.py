@@ -8,8 +8,9 @@ touching the live store. Per request_id:
 - ``delivered``: status ``delivered``;
 - ``pending``: status ``pending`` and enqueued within the retention (``ts_ms >= now - retention``);
 - ``expired``: status ``pending`` and older than the retention (GC will drop them);
-- ``p50_ms``/``p95_ms``/``p99_ms``: exact percentiles (linear interpolation, Spark ``percentile``)
-  of ``delivered_ts_ms - ts_ms`` over the delivered VINs, None when nothing was delivered;
+- ``p50_ms``/``p95_ms``/``p99_ms``: exact percentiles (linear interpolation, Spark ``percentile``,
+  rounded to 1 us) of ``delivered_ts_ms - ts_ms`` over the delivered VINs, None when nothing was
+  delivered;
 - ``first_ts_ms``/``last_delivered_ts_ms``: when the request was first queued, last delivered.
 
 The report is written as one Parquet file (``<out>/report/``) and returned as a list of dicts
@@ -93,7 +94,7 @@ def compute_report(
         )
         .select(
             "request_id", "queued", "delivered", "pending", "expired",
-            *[col("pct")[i].alias(name) for i, name in enumerate(("p50_ms", "p95_ms", "p99_ms"))],
+            *[F.round(col("pct")[i], 3).alias(name) for i, name in enumerate(("p50_ms", "p95_ms", "p99_ms"))],
             "first_ts_ms", "last_delivered_ts_ms",
         )
         .orderBy("request_id")

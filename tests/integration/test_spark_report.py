@@ -1,0 +1,73 @@
+"""Delivery report with real Spark (the session-scoped ``spark`` fixture) over a known set of deliveries."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from storage import ShardStore, WriteBatch, shard_of
+from storage.jobs.export import export_shard
+from storage.jobs.report import REPORT_COLUMNS, compute_report
+
+DAY = 86_400_000
+NOW = 500 * DAY
+RETENTION = 7 * DAY
+T = NOW - DAY  # request A queued a day ago
+OLD = NOW - RETENTION - 1
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    """Request A: 12 VINs on two shards, 10 delivered after 100, 200, ... 1000 ms, 2 pending.
+    Request B: 3 pending young, 2 pending older than retention, 1 delivered long ago (5 s)."""
+    root = tmp_path_factory.mktemp("report")
+    stores = {k: ShardStore(root / "data" / f"shard-{k}", k, sync=False) for k in (0, 1)}
+    a_vins = [f"A{i:02d}" for i in range(12)]
+    b_young, b_old = ["B0", "B1", "B2"], ["B3", "B4"]
+    for k, store in stores.items():
+        mine = [v for v in a_vins if shard_of(v, 2) == k]
+        store.apply(WriteBatch().put_blob("d", b"x", T).enqueue_many(mine, T, "req-A", "d")
+                    .enqueue_many([v for v in b_young if shard_of(v, 2) == k], T, "req-B", "d")
+                    .enqueue_many([v for v in b_old + ["B5"] if shard_of(v, 2) == k], OLD, "req-B", "d"))
+        acks = WriteBatch()
+        for i, vin in enumerate(a_vins[:10]):
+            if shard_of(vin, 2) == k:
+                acks.ack(vin, T, "req-A", T + 100 * (i + 1))
+        if shard_of("B5", 2) == k:
+            acks.ack("B5", OLD, "req-B", OLD + 5_000)
+        store.apply(acks)
+    for store in stores.values():
+        export_shard(store, root / "export")
+        store.close()
+    return root / "export"
+
+
+EXPECTED = {
+    "req-A": {"request_id": "req-A", "queued": 12, "delivered": 10, "pending": 2, "expired": 0,
+              "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0, "first_ts_ms": T, "last_delivered_ts_ms": T + 1000},
+    "req-B": {"request_id": "req-B", "queued": 6, "delivered": 1, "pending": 3, "expired": 2,
+              "p50_ms": 5000.0, "p95_ms": 5000.0, "p99_ms": 5000.0, "first_ts_ms": OLD,
+              "last_delivered_ts_ms": OLD + 5000},
+}
+
+
+def test_report_numbers_for_known_deliveries(spark, export_dir, tmp_path):
+    rows = compute_report(spark, export_dir, now_ms=NOW, retention_ms=RETENTION, out_dir=tmp_path)
+    assert rows == [EXPECTED["req-A"], EXPECTED["req-B"]]
+    written = pq.read_table(tmp_path / "report").to_pylist()
+    assert sorted(written, key=lambda r: r["request_id"]) == rows and set(written[0]) == set(REPORT_COLUMNS)
+
+
+def test_report_of_one_request_through_the_cli(spark, export_dir):
+    from fanout.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["report", "--export", str(export_dir), "--request", "req-B", "--now-ms", str(NOW), "--json"])
+    assert code == 0
+    assert [json.loads(line) for line in buf.getvalue().splitlines()] == [EXPECTED["req-B"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["report", "--export", str(export_dir), "--request", "nope", "--now-ms", str(NOW)]) == 1
