@@ -1,0 +1,25 @@
+"""The mock fleet's reusable parts (used by ``scripts/mock_vehicles.py`` and ``scripts/mock_platform.py``).
+
+Modules:
+
+- :mod:`.vins`: the VIN generator shared by the fleet and the platform (``SIM000000001`` ...).
+- :mod:`.payload`: the 12-byte send-time header the platform stamps and the fleet reads.
+- :mod:`.accounting`: the per-vehicle delivery ledger (received, duplicates, order, latency).
+- :mod:`.vehicle`: one lean ``asyncio.Protocol`` per simulated vehicle on the project's codec.
+- :mod:`.worker`: the vehicles of one process: connection ramp, source addresses, shutdown.
+- :mod:`.runner`: :func:`run_fleet`, splitting a fleet over processes, live display, JSON summary.
+
+The package is imported as ``scripts.fleet`` (a namespace package under the repository root); the
+scripts put the repository root on ``sys.path`` first, as ``scripts/fuzz_codec.py`` does.
+"""
+from __future__ import annotations
+
+__all__ = ["FleetOptions", "run_fleet"]
+
+
+def __getattr__(name: str):  # lazy: ``from scripts.fleet import run_fleet`` without importing asyncio eagerly
+    if name in __all__:
+        from . import runner, worker
+
+        return {"FleetOptions": worker.FleetOptions, "run_fleet": runner.run_fleet}[name]
+    raise AttributeError(name)
