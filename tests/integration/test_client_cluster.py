@@ -1,0 +1,48 @@
+"""Contract test against the real fanout layer (``fanout up``: local Ray, LMDB store): a valid
+submission is acknowledged after it is durable, an invalid trigger comes back on
+``$SDV-FANOUT/errors/<client_id>`` and surfaces as ``FanoutRejected`` naming the field."""
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fanout.client import FanoutClient, FanoutRejected
+from tests.integration.client_fixtures import FANOUT_BIN, _readline, client_kwargs
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    cfg = tmp_path / "fanout.toml"
+    cfg.write_text('[mqtt]\nsys_interval = "0s"\n')  # no users: platform/platform dev login on loopback
+    proc = subprocess.Popen([str(FANOUT_BIN), "up", "--port", "0", "--data-dir", str(tmp_path / "var"), "--config", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "up.log", "w"), text=True)
+    try:
+        line = _readline(proc, 120)
+        assert line.startswith("fanout ready mqtt://"), f"fanout up did not start: {line!r}; see {tmp_path / 'up.log'}"
+        yield int(line.strip().rsplit(":", 1)[1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def test_real_cluster_acks_valid_and_rejects_invalid_naming_the_field(cluster: int, tmp_path: Path) -> None:
+    kwargs = client_kwargs(cluster, tmp_path / "ob", username="platform", password="platform")
+    async with FanoutClient(**kwargs) as client:
+        ok = await client.submit(["WVWZZZ1JZ3W386752", "WVWZZZ1JZ3W386753"], b"blob-1", request_id="ok-1")
+        await ok.acked(timeout=30)
+        bad = await client.submit(["WVWZZZ1JZ3W386752", "bad vin!"], b"blob-1", request_id="bad-1")
+        with pytest.raises(FanoutRejected) as info:
+            await bad.acked(timeout=30)
+        assert info.value.field == "ids[1]" and info.value.error == "invalid_trigger" and info.value.request_id == "bad-1"
+        after = await client.submit(["WVWZZZ1JZ3W386754"], b"blob-2", request_id="ok-2")
+        await after.acked(timeout=30)  # the cluster closed the connection; the client reconnected
+        [dead] = await client.dead_letters()
+        assert dead.request_id == "bad-1" and "ids[1]" in dead.last_error
+        assert await client.drain(10)
