@@ -58,10 +58,12 @@ def _run(args: argparse.Namespace) -> int:
     if not vins:
         print("fanout send: no VINs given", file=sys.stderr)
         return 2
-    return asyncio.run(_send(args, cfg.mqtt.host, cfg.mqtt.port, args.max_batch or cfg.fanout.max_batch, vins, payload))
+    return asyncio.run(_send(args, cfg.mqtt.host, cfg.mqtt.port, args.max_batch or cfg.fanout.max_batch,
+                             cfg.mqtt.max_packet_size_bytes, vins, payload))
 
 
-async def _send(args: argparse.Namespace, host: str, port: int, max_batch: int, vins: list[str], payload: bytes) -> int:
+async def _send(args: argparse.Namespace, host: str, port: int, max_batch: int, max_packet: int, vins: list[str],
+                payload: bytes) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -69,7 +71,8 @@ async def _send(args: argparse.Namespace, host: str, port: int, max_batch: int, 
 
     err = Console(stderr=True)
     kwargs: dict[str, Any] = dict(host=host, port=port, username=args.username, password=args.password,
-                                  client_id=args.client_id, durability=args.durability, max_batch=max_batch)
+                                  client_id=args.client_id, durability=args.durability, max_batch=max_batch,
+                                  max_packet_bytes=max_packet)
     if args.outbox_dir:
         kwargs["outbox_dir"] = args.outbox_dir
     try:
@@ -84,7 +87,7 @@ async def _send(args: argparse.Namespace, host: str, port: int, max_batch: int, 
         except SubmissionInvalid as exc:
             err.print(f"fanout send: invalid {exc}")
             return 2
-        triggers = -(-len(vins) // max_batch)
+        triggers = len(handle._sub.triggers(max_batch, client._max_trigger_bytes)) if handle._sub is not None else -(-len(vins) // max_batch)
         waiter = asyncio.ensure_future(handle.acked(args.timeout))
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
                       TimeElapsedColumn(), console=err, disable=args.quiet, transient=False) as bar:

@@ -61,6 +61,8 @@ class FanoutClient(Pump):
             fsynced to the outbox before ``submit`` returns).
         ring_size: HOT ring capacity (submissions).
         max_batch: most VINs per trigger; must not exceed the server's ``fanout.max_batch``.
+        max_packet_bytes: the server's ``mqtt.max_packet_size``; triggers are also split so that each
+            PUBLISH fits (None = split by ``max_batch`` only). The blob itself must fit too.
         max_inflight: unacknowledged PUBLISH packets before the pump waits.
         max_attempts, backoff_base_s, backoff_max_s: retry policy of failed items.
         dead_letter_retain_days: dead letters older than this are pruned.
@@ -83,6 +85,7 @@ class FanoutClient(Pump):
         durability: Literal["hybrid", "always"] = "hybrid",
         ring_size: int = 10_000,
         max_batch: int = 1_000_000,
+        max_packet_bytes: int | None = 1 << 20,
         max_inflight: int = 128,
         max_attempts: int = 5,
         backoff_base_s: float = 1.0,
@@ -106,6 +109,7 @@ class FanoutClient(Pump):
         self.outbox_dir = Path(outbox_dir) if outbox_dir is not None else DEFAULT_OUTBOX_DIR
         self.durability = durability
         self.max_batch = max_batch
+        self._max_trigger_bytes = None if max_packet_bytes is None else max(256, max_packet_bytes - 64)  # PUBLISH header + topic
         self.policy = RetryPolicy(max_attempts, backoff_base_s, 2.0, backoff_max_s)
         self._retain_days = dead_letter_retain_days
         self._max_inflight = max_inflight

@@ -44,7 +44,7 @@ class Inflight:
         self._blob_cache = blob_cache
         self.messages = 0
 
-    def send(self, sub: Submission, max_batch: int, publish: PublishFn, now: float) -> int:
+    def send(self, sub: Submission, max_batch: int, publish: PublishFn, now: float, max_bytes: int | None = None) -> int:
         """Publish a submission's blob (if needed) and triggers and track their packet ids.
 
         Args:
@@ -53,6 +53,7 @@ class Inflight:
             publish: ``(topic, payload) -> packet id``; may raise, in which case the messages
                 published so far stay tracked and the caller should :meth:`forget` ``sub``.
             now: monotonic time, for :meth:`oldest_sent_at`.
+            max_bytes: largest trigger payload, or None.
 
         Returns:
             How many PUBLISH packets were sent.
@@ -73,7 +74,7 @@ class Inflight:
         else:
             self._mids[state].append(sub.seq)
             entry.remaining += 1
-        triggers = sub.triggers(max_batch)
+        triggers = sub.triggers(max_batch, max_bytes)
         sub.total_msgs = entry.remaining + len(triggers)
         for payload in triggers:
             self._track(publish(TRIGGER_TOPIC, payload), entry)

@@ -47,6 +47,7 @@ class Pump:
         port: int
         client_id: str
         max_batch: int
+        _max_trigger_bytes: int | None
         _loop: asyncio.AbstractEventLoop
         _wake: asyncio.Event
         _lost: asyncio.Event
@@ -266,7 +267,7 @@ class Pump:
         if h is not None:
             h._sub = sub  # progress of this attempt
         try:
-            self._inflight.send(sub, self.max_batch, conn.publish, time.monotonic())
+            self._inflight.send(sub, self.max_batch, conn.publish, time.monotonic(), self._max_trigger_bytes)
         except PublishFailed as exc:
             if exc.connection_lost:
                 return  # stays tracked: the coming loss report spills it as a suspect, uncharged

@@ -4,7 +4,8 @@ Strategy: a submission is validated once, when ``submit`` is called, so that eve
 the cluster's or the network's, never a malformed argument. On the wire it is one QoS 1 PUBLISH of
 the blob on ``$SDV-FANOUT/data/<data_id>`` followed by one or more triggers on
 ``$SDV-FANOUT/trigger``, JSON ``{"ids": [...], "request_id": ..., "data_id": ...}``, each naming at
-most ``max_batch`` VINs. A split submission keeps the same ``request_id`` in every chunk: the
+most ``max_batch`` VINs and, with ``max_packet_bytes``, small enough for the server's
+``mqtt.max_packet_size`` (a 1,000,000-VIN trigger is ~20 MB of JSON). A split submission keeps the same ``request_id`` in every chunk: the
 cluster's idempotency key is ``(request_id, vin)``, so a chunk sent twice (QoS 1 redelivery, replay)
 queues nothing twice. In the outbox it is one msgpack record keyed by its sequence number; the retry
 state (attempts, next retry, last error) lives in a separate table so scans skip payloads.
@@ -70,17 +71,19 @@ class Submission:
     total_msgs: int = 0
     _triggers: list[bytes] | None = field(default=None, repr=False)
 
-    def triggers(self, max_batch: int) -> list[bytes]:
-        """The trigger payloads (JSON), at most ``max_batch`` VINs each, cached.
+    def triggers(self, max_batch: int, max_bytes: int | None = None) -> list[bytes]:
+        """The trigger payloads (JSON), cached: at most ``max_batch`` VINs and ``max_bytes`` each.
 
         Args:
             max_batch: most VINs per trigger (the server's ``fanout.max_batch``).
+            max_bytes: largest trigger payload (None = no limit); keeps each PUBLISH under the
+                server's ``mqtt.max_packet_size``.
 
         Returns:
             One or more UTF-8 JSON documents, in VIN order, all with the same request_id.
         """
         if self._triggers is None:
-            self._triggers = list(iter_trigger_payloads(self.vins, self.request_id, self.data_id, max_batch))
+            self._triggers = list(iter_trigger_payloads(self.vins, self.request_id, self.data_id, max_batch, max_bytes))
         return self._triggers
 
     def pack(self) -> bytes:
@@ -101,22 +104,41 @@ class Submission:
         return cls(seq, request_id, data_id, payload, vins, ts_ms, durable=True)
 
 
-def iter_trigger_payloads(vins: list[str], request_id: str, data_id: str, max_batch: int) -> Iterator[bytes]:
+def iter_trigger_payloads(
+    vins: list[str], request_id: str, data_id: str, max_batch: int, max_bytes: int | None = None
+) -> Iterator[bytes]:
     """Yield the trigger JSON documents of one submission.
+
+    Chunks hold at most ``max_batch`` VINs; with ``max_bytes`` the chunk size is also estimated from
+    the VIN lengths and halved until the document fits (a single VIN that does not fit is sent
+    alone: the cluster rejects it, naming it).
 
     Args:
         vins: the VINs, in order.
         request_id: shared by every chunk.
         data_id: the blob every chunk refers to.
         max_batch: most VINs per chunk, >= 1.
+        max_bytes: largest document, or None.
 
     Yields:
         ``{"ids": [...], "request_id": ..., "data_id": ...}`` encoded as compact UTF-8 JSON.
     """
     dumps = json.JSONEncoder(separators=(",", ":")).encode
-    for start in range(0, len(vins), max_batch):
-        chunk = vins[start:start + max_batch]
-        yield dumps({"ids": chunk, "request_id": request_id, "data_id": data_id}).encode()
+    step = max_batch
+    if max_bytes is not None and vins:
+        overhead = len(dumps({"ids": [], "request_id": request_id, "data_id": data_id}))
+        sample = vins[:1000]
+        per_vin = sum(len(v) for v in sample) / len(sample) + 3  # quotes and comma
+        step = max(1, min(max_batch, int((max_bytes - overhead) / per_vin)))
+    start = 0
+    while start < len(vins):
+        chunk = vins[start:start + step]
+        doc = dumps({"ids": chunk, "request_id": request_id, "data_id": data_id}).encode()
+        while max_bytes is not None and len(doc) > max_bytes and len(chunk) > 1:
+            chunk = chunk[: len(chunk) // 2]
+            doc = dumps({"ids": chunk, "request_id": request_id, "data_id": data_id}).encode()
+        yield doc
+        start += len(chunk)
 
 
 def default_data_id(payload: bytes) -> str:

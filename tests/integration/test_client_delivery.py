@@ -50,6 +50,18 @@ async def test_normal_submission_split_into_max_batch_chunks(broker: BrokerProce
     assert topics.index(blobs[0][0]) < topics.index("$SDV-FANOUT/trigger")
 
 
+async def test_large_submission_fits_the_brokers_packet_size(broker: BrokerProcess, watcher: Watcher, tmp_path: Path) -> None:
+    """120,000 VINs with the default max_batch (1,000,000) are ~2.4 MB of JSON: split by bytes so each
+    PUBLISH fits the broker's default max_packet_size (1 MiB) instead of getting the connection closed."""
+    ids = vins(120_000)
+    async with FanoutClient(**client_kwargs(broker.port, tmp_path / "ob")) as client:
+        h = await client.submit(ids, b"blob", request_id="big")
+        await h.acked(timeout=30)
+        assert h.progress()[1] >= 4  # blob + at least 3 triggers
+    assert watcher.wait_for(lambda w: sum(len(t["ids"]) for t in w.triggers()) == len(ids), 15)
+    assert [v for t in watcher.triggers() for v in t["ids"]] == ids
+
+
 def test_sync_wrapper(broker: BrokerProcess, watcher: Watcher, tmp_path: Path) -> None:
     with SyncFanoutClient(**client_kwargs(broker.port, tmp_path / "ob")) as client:
         h = client.submit(["VIN1", "VIN2"], "text payload", request_id="sync-1", data_id="blob-1")

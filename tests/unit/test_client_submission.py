@@ -56,6 +56,20 @@ def test_trigger_chunks_share_request_id_and_cover_all_vins() -> None:
     assert [v for c in chunks for v in c["ids"]] == vins
 
 
+@pytest.mark.parametrize("max_bytes", [200, 1000, 20_000])
+def test_triggers_also_split_by_bytes_to_fit_the_packet_size(max_bytes: int) -> None:
+    vins = [f"WVWZZZ1JZ{i:08d}" for i in range(3000)] + ["ü" * 30]  # non-ASCII grows when escaped
+    docs = list(iter_trigger_payloads(vins, "req", "d", 1_000_000, max_bytes))
+    assert all(len(d) <= max_bytes or len(json.loads(d)["ids"]) == 1 for d in docs)
+    assert [v for d in docs for v in json.loads(d)["ids"]] == vins
+    assert len(docs) < 3 * (len(b"".join(docs)) // max_bytes + 2)  # chunks are reasonably full
+
+
+def test_a_single_oversized_vin_is_sent_alone() -> None:
+    docs = list(iter_trigger_payloads(["A", "B" * 500, "C"], "r", "d", 10, 100))
+    assert [json.loads(d)["ids"] for d in docs] == [["A"], ["B" * 500], ["C"]]
+
+
 @given(
     st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=50),
     st.binary(max_size=300),
