@@ -300,8 +300,12 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture
-def start_broker(tmp_path: Path):
-    """Factory: ``start_broker(max_packet_size=None, port=0) -> BrokerProcess``; all stopped after the test."""
+def start_client_broker(tmp_path: Path):
+    """Factory: ``start_client_broker(max_packet_size=None, port=0) -> BrokerProcess``; all stopped after the test.
+
+    Named apart from ``tests/integration/conftest.py``'s in-process ``start_broker``/``broker``: these
+    run the broker as a subprocess.
+    """
     started: list[BrokerProcess] = []
 
     def start(max_packet_size: str | None = None, port: int = 0) -> BrokerProcess:
@@ -318,13 +322,13 @@ def start_broker(tmp_path: Path):
 
 
 @pytest.fixture
-def broker(start_broker) -> BrokerProcess:
-    return start_broker()
+def client_broker(start_client_broker) -> BrokerProcess:
+    return start_client_broker()
 
 
 @pytest.fixture
-def watcher(broker: BrokerProcess):
-    w = Watcher(broker.port)
+def client_watcher(client_broker: BrokerProcess):
+    w = Watcher(client_broker.port)
     w.connect()
     yield w
     w.disconnect()

@@ -13,10 +13,10 @@ from tests.integration.client_fixtures import (  # noqa: F401 - pytest fixtures
     PLATFORM,
     BrokerProcess,
     Watcher,
-    broker,
+    client_broker,
     free_port,
-    start_broker,
-    watcher,
+    start_client_broker,
+    client_watcher,
 )
 
 
@@ -25,16 +25,16 @@ def fanout(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(FANOUT_BIN), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_send_with_vins_file_then_outage_keeps_it_in_the_outbox(broker: BrokerProcess, watcher: Watcher, tmp_path: Path) -> None:
+def test_send_with_vins_file_then_outage_keeps_it_in_the_outbox(client_broker: BrokerProcess, client_watcher: Watcher, tmp_path: Path) -> None:
     (tmp_path / "vins.txt").write_text("VIN00000000000001\n# a comment\n\nVIN00000000000002\nVIN00000000000003\n")
     (tmp_path / "blob.bin").write_bytes(b"\x00firmware\xff")
     outbox = str(tmp_path / "ob")
     common = ["--username", PLATFORM[0], "--password", PLATFORM[1], "--payload-file", str(tmp_path / "blob.bin"), "--outbox-dir", outbox]
-    r = fanout("send", "--port", str(broker.port), "--vins", str(tmp_path / "vins.txt"), "--request-id", "cli-1", "--max-batch", "2", *common)
+    r = fanout("send", "--port", str(client_broker.port), "--vins", str(tmp_path / "vins.txt"), "--request-id", "cli-1", "--max-batch", "2", *common)
     assert r.returncode == 0, r.stderr
     assert "sent cli-1: 3 VINs in 2 trigger(s)" in r.stdout
-    assert watcher.wait_for(lambda w: w.request_ids() == ["cli-1", "cli-1"], 10)
-    assert [v for t in watcher.triggers() for v in t["ids"]] == ["VIN00000000000001", "VIN00000000000002", "VIN00000000000003"]
+    assert client_watcher.wait_for(lambda w: w.request_ids() == ["cli-1", "cli-1"], 10)
+    assert [v for t in client_watcher.triggers() for v in t["ids"]] == ["VIN00000000000001", "VIN00000000000002", "VIN00000000000003"]
 
     dead_port = str(free_port())
     r = fanout("send", "--port", dead_port, "--vin", "VINX", "--request-id", "cli-2", "--timeout", "0.5", "--quiet", *common)
@@ -42,9 +42,9 @@ def test_send_with_vins_file_then_outage_keeps_it_in_the_outbox(broker: BrokerPr
     status = json.loads(fanout("outbox", "status", "--outbox-dir", outbox, "--json").stdout)
     assert (status["depth"], status["dead_letters"]) == (1, 0)
 
-    r = fanout("send", "--port", str(broker.port), "--vin", "VINY", "--request-id", "cli-3", "--quiet", *common)
+    r = fanout("send", "--port", str(client_broker.port), "--vin", "VINY", "--request-id", "cli-3", "--quiet", *common)
     assert r.returncode == 0, r.stderr
-    assert watcher.wait_for(lambda w: w.request_ids()[2:] == ["cli-2", "cli-3"], 10)  # the leftover goes first
+    assert client_watcher.wait_for(lambda w: w.request_ids()[2:] == ["cli-2", "cli-3"], 10)  # the leftover goes first
     assert json.loads(fanout("outbox", "status", "--outbox-dir", outbox, "--json").stdout)["depth"] == 0
 
 

@@ -19,13 +19,13 @@ from tests.integration.client_fixtures import (  # noqa: F401 - pytest fixtures
     BrokerProcess,
     MqttProxy,
     Watcher,
-    broker,
+    client_broker,
     client_kwargs,
     free_port,
     publish_cluster_error,
-    start_broker,
+    start_client_broker,
     vins,
-    watcher,
+    client_watcher,
 )
 
 CHILD = textwrap.dedent(
@@ -49,7 +49,7 @@ CHILD = textwrap.dedent(
 )
 
 
-async def test_client_killed_in_cold_mode_loses_nothing(start_broker, tmp_path: Path) -> None:
+async def test_client_killed_in_cold_mode_loses_nothing(start_client_broker, tmp_path: Path) -> None:
     port = free_port()  # no broker yet: the child runs COLD, every submit fsynced before it returns
     outbox = tmp_path / "ob"
     script = tmp_path / "child.py"
@@ -72,7 +72,7 @@ async def test_client_killed_in_cold_mode_loses_nothing(start_broker, tmp_path: 
         if child.poll() is None:
             child.kill()
             child.wait(10)
-    broker = start_broker(port=port)
+    broker = start_client_broker(port=port)
     watcher = Watcher(broker.port)
     watcher.connect()
     try:
@@ -88,8 +88,8 @@ async def test_client_killed_in_cold_mode_loses_nothing(start_broker, tmp_path: 
         watcher.disconnect()
 
 
-async def test_poison_item_is_dead_lettered_after_max_attempts_while_later_items_go_through(start_broker, tmp_path: Path) -> None:
-    broker = start_broker(max_packet_size="64KiB")  # a larger packet makes the broker close the connection
+async def test_poison_item_is_dead_lettered_after_max_attempts_while_later_items_go_through(start_client_broker, tmp_path: Path) -> None:
+    broker = start_client_broker(max_packet_size="64KiB")  # a larger packet makes the broker close the connection
     watcher = Watcher(broker.port)
     watcher.connect()
     kwargs = client_kwargs(broker.port, tmp_path / "ob", max_attempts=3, backoff_base_s=0.05, reconnect_min_s=0.02, reconnect_max_s=0.2)
@@ -120,16 +120,16 @@ async def test_poison_item_is_dead_lettered_after_max_attempts_while_later_items
         watcher.disconnect()
 
 
-async def test_cluster_error_surfaces_naming_the_field_then_replay_delivers(broker: BrokerProcess, watcher: Watcher, tmp_path: Path) -> None:
-    proxy = MqttProxy(broker.port)
+async def test_cluster_error_surfaces_naming_the_field_then_replay_delivers(client_broker: BrokerProcess, client_watcher: Watcher, tmp_path: Path) -> None:
+    proxy = MqttProxy(client_broker.port)
     await proxy.start()
     proxy.drop_pubacks = True  # the cluster contract for invalid input: error, no PUBACK, close
     try:
         async with FanoutClient(**client_kwargs(proxy.port, tmp_path / "ob")) as client:
             bad = await client.submit(vins(20), b"blob", request_id="bad-req")
-            assert await watcher.await_for(lambda w: "bad-req" in w.request_ids(), 10)
+            assert await client_watcher.await_for(lambda w: "bad-req" in w.request_ids(), 10)
             error = {"error": "invalid_trigger", "field": "ids[17]", "reason": "not a VIN", "request_id": "bad-req"}
-            await asyncio.to_thread(publish_cluster_error, broker.port, client.client_id, error)
+            await asyncio.to_thread(publish_cluster_error, client_broker.port, client.client_id, error)
             with pytest.raises(FanoutRejected) as info:
                 await bad.acked(timeout=10)
             assert (info.value.field, info.value.error, info.value.reason) == ("ids[17]", "invalid_trigger", "not a VIN")
@@ -137,7 +137,7 @@ async def test_cluster_error_surfaces_naming_the_field_then_replay_delivers(brok
             [dead] = await client.dead_letters()
             assert dead.request_id == "bad-req" and "ids[17]" in dead.last_error and dead.attempts == 1
             # an error naming no known request is logged and kept as last_error, nothing else fails
-            await asyncio.to_thread(publish_cluster_error, broker.port, client.client_id, {"error": "invalid_trigger", "reason": "not JSON"})
+            await asyncio.to_thread(publish_cluster_error, client_broker.port, client.client_id, {"error": "invalid_trigger", "reason": "not JSON"})
             assert await _eventually(lambda: "not JSON" in client.status().last_error)
             proxy.drop_pubacks = False
             proxy.cut()  # the cluster closes the connection after an error
@@ -146,8 +146,8 @@ async def test_cluster_error_surfaces_naming_the_field_then_replay_delivers(brok
             assert await client.replay_dead_letters() == 1
             assert await client.drain(10)
             assert client.status().dead_letters == 0 and await client.dead_letters() == []
-        assert watcher.wait_for(lambda w: Counter(w.request_ids())["bad-req"] == 2, 10)
-        assert watcher.request_ids()[-2:] in (["good-req", "bad-req"], ["bad-req", "good-req"])
+        assert client_watcher.wait_for(lambda w: Counter(w.request_ids())["bad-req"] == 2, 10)
+        assert client_watcher.request_ids()[-2:] in (["good-req", "bad-req"], ["bad-req", "good-req"])
     finally:
         await proxy.close()
 
