@@ -26,6 +26,7 @@ TRIGGER_TOPIC = f"{TOPIC_ROOT}/trigger"
 _RECORD_VERSION = 1
 _BAD_LEVEL_CHARS = ("/", "+", "#", "\x00")
 _BAD_ID_CHARS = ("+", "#", "\x00")
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def data_topic(data_id: str) -> str:
@@ -123,22 +124,27 @@ def iter_trigger_payloads(
     Yields:
         ``{"ids": [...], "request_id": ..., "data_id": ...}`` encoded as compact UTF-8 JSON.
     """
-    dumps = json.JSONEncoder(separators=(",", ":")).encode
     step = max_batch
     if max_bytes is not None and vins:
-        overhead = len(dumps({"ids": [], "request_id": request_id, "data_id": data_id}))
+        overhead = len(_dumps({"ids": [], "request_id": request_id, "data_id": data_id}))
         sample = vins[:1000]
         per_vin = sum(len(v) for v in sample) / len(sample) + 3  # quotes and comma
         step = max(1, min(max_batch, int((max_bytes - overhead) / per_vin)))
     start = 0
     while start < len(vins):
         chunk = vins[start:start + step]
-        doc = dumps({"ids": chunk, "request_id": request_id, "data_id": data_id}).encode()
+        doc = _trigger_json(chunk, request_id, data_id)
         while max_bytes is not None and len(doc) > max_bytes and len(chunk) > 1:
             chunk = chunk[: len(chunk) // 2]
-            doc = dumps({"ids": chunk, "request_id": request_id, "data_id": data_id}).encode()
+            doc = _trigger_json(chunk, request_id, data_id)
         yield doc
         start += len(chunk)
+
+
+def _trigger_json(chunk: list[str], request_id: str, data_id: str) -> bytes:
+    """Compact JSON of one trigger (the C encoder: ~0.1 ms for 1,000 VINs here; hand-joining the array
+    with an escaping check measured slower)."""
+    return _dumps({"ids": chunk, "request_id": request_id, "data_id": data_id}).encode()
 
 
 def default_data_id(payload: bytes) -> str:
@@ -178,9 +184,10 @@ def make_submission(
         raise SubmissionInvalid("vins", f"must be an iterable of strings, got {type(vins).__name__}") from None
     if not vin_list:
         raise SubmissionInvalid("vins", "must name at least one VIN")
-    for i, vin in enumerate(vin_list):
-        if type(vin) is not str or not vin:
-            raise SubmissionInvalid(f"vins[{i}]", f"must be a non-empty string, got {vin!r}")
+    if set(map(type, vin_list)) != {str} or "" in vin_list:  # C-speed check; locate the culprit only on failure
+        for i, vin in enumerate(vin_list):
+            if type(vin) is not str or not vin:
+                raise SubmissionInvalid(f"vins[{i}]", f"must be a non-empty string, got {vin!r}")
     if isinstance(payload, str):
         blob = payload.encode()
     elif isinstance(payload, (bytes, bytearray, memoryview)):
