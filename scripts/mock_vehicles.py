@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts.fleet.runner import run_fleet  # noqa: E402
 from scripts.fleet.vins import add_vin_arguments, vins_from_args  # noqa: E402
-from scripts.fleet.worker import FleetError, FleetOptions  # noqa: E402
+from scripts.fleet.options import FleetError, FleetOptions  # noqa: E402
 
 __all__ = ["run_fleet", "FleetOptions", "FleetError", "main", "options_from_args"]
 
@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = FleetOptions()
     b = p.add_argument_group("broker")
     b.add_argument("--host", default=d.host, help=f"broker address (default {d.host})")
-    b.add_argument("--port", type=int, default=d.port, help=f"broker port (default {d.port})")
+    b.add_argument("--port", default=str(d.port),
+                   help=f"broker port, or several comma-separated (vehicle i uses the i-th modulo; default {d.port})")
     b.add_argument("--username", default=None, help="MQTT user name (e.g. a user with role vehicle)")
     b.add_argument("--password", default=None, help="MQTT password")
     add_vin_arguments(p)
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("connections")
     c.add_argument("--connect-rate", type=float, default=d.connect_rate,
                    help=f"connects per second over all vehicles of a process (default {d.connect_rate:g}; 0 = unlimited)")
-    c.add_argument("--connect-concurrency", type=int, default=d.connect_concurrency, help="TCP connects in progress per process")
+    c.add_argument("--connect-concurrency", type=int, default=d.connect_concurrency,
+                   help=f"handshakes (TCP connect to SUBACK) in progress per process (default {d.connect_concurrency})")
     c.add_argument("--connect-timeout", type=float, default=d.connect_timeout, help="TCP connect, CONNACK and SUBACK deadline")
     c.add_argument("--processes", type=int, default=d.processes, help="split the fleet over P processes")
     c.add_argument("--source-addresses", default=d.source_addresses,
@@ -108,12 +110,13 @@ def options_from_args(args: argparse.Namespace) -> FleetOptions:
         FleetError: an option is out of range or a file cannot be read.
     """
     try:
+        ports = tuple(int(p) for p in args.port.split(","))
         vins = vins_from_args(args)
         order_ids = read_vins_order(args.expect_order) if args.expect_order else None
     except (OSError, ValueError) as exc:
         raise FleetError(str(exc)) from exc
     opts = FleetOptions(
-        host=args.host, port=args.port, vins=vins, username=args.username, password=args.password,
+        host=args.host, port=ports, vins=vins, username=args.username, password=args.password,
         persistent=args.persistent, keepalive=args.keepalive, topic_prefix=args.topic_prefix,
         heartbeat_interval=args.heartbeat_interval, heartbeat_qos=args.heartbeat_qos, ack_delay=args.ack_delay,
         ack_jitter=args.ack_jitter, crash_rate=args.crash_rate, reconnect_delay=args.reconnect_delay,

@@ -4,6 +4,7 @@ Modules:
 
 - :mod:`.vins`: the VIN generator shared by the fleet and the platform (``SIM000000001`` ...).
 - :mod:`.payload`: the 12-byte send-time header the platform stamps and the fleet reads.
+- :mod:`.options`: :class:`FleetOptions`, source addresses over 127/8, the descriptor limit.
 - :mod:`.accounting`: the per-vehicle delivery ledger (received, duplicates, order, latency).
 - :mod:`.vehicle`: one lean ``asyncio.Protocol`` per simulated vehicle on the project's codec.
 - :mod:`.worker`: the vehicles of one process: connection ramp, source addresses, shutdown.
@@ -19,7 +20,7 @@ __all__ = ["FleetOptions", "run_fleet"]
 
 def __getattr__(name: str):  # lazy: ``from scripts.fleet import run_fleet`` without importing asyncio eagerly
     if name in __all__:
-        from . import runner, worker
+        from . import options, runner
 
-        return {"FleetOptions": worker.FleetOptions, "run_fleet": runner.run_fleet}[name]
+        return {"FleetOptions": options.FleetOptions, "run_fleet": runner.run_fleet}[name]
     raise AttributeError(name)

@@ -29,12 +29,13 @@ from typing import Any, Callable, Coroutine
 
 from .accounting import order_by_string, order_from_list, summarize
 from .vins import make_vins
-from .worker import FD_MARGIN, FleetError, FleetOptions, Worker, raise_nofile
+from .options import FD_MARGIN, FleetError, FleetOptions, raise_nofile
+from .worker import Worker
 
 SUMMED = ("connected", "subscribed", "connects", "first_connects", "reconnects", "connect_errors", "crashes",
           "losses", "subscribe_errors", "protocol_errors", "unexpected", "heartbeats", "pubacks", "overlaps",
           "received", "unique", "dup_flag", "dup_noflag", "order_violations", "untracked", "vehicles", "rss",
-          "rss_base")
+          "rss_base", "cpu_s")
 REPORT_S = 0.25
 SHUTDOWN_S = 60.0  # most a stopping worker may take to send its final snapshot
 
@@ -141,8 +142,10 @@ class Monitor:
                     self.reason = "expect"
                 elif self.expect_at is None and elapsed >= o.timeout:
                     self.reason = "timeout"
-        if now >= self._next_render or self.reason is not None:
+        if now >= self._next_render or (self.reason is not None and self._next_render != float("inf")):
             self._render(now)
+            if self.reason is not None:
+                self._next_render = float("inf")  # one last line at the stop
         return self.reason is not None
 
     def _render(self, now: float) -> None:
@@ -192,7 +195,7 @@ class Monitor:
         connected = m["connected"]
         complete = not self.errors and (o.expect is None or deliveries["unique"] >= o.expect)
         return {
-            "vehicles": self.vehicles, "processes": o.processes, "broker": f"{o.host}:{o.port}",
+            "vehicles": self.vehicles, "processes": o.processes, "broker": f"{o.host}:{','.join(map(str, o.ports()))}",
             "seconds": round(time.monotonic() - self.start, 3), "stop_reason": self.reason, "complete": complete,
             "expect": o.expect,
             "connected": connected, "subscribed": m["subscribed"], "connects": m["connects"],
@@ -206,7 +209,9 @@ class Monitor:
                         "rate_per_s": round(m["first_connects"] / connect_s, 1) if connect_s else None},
             "rss": {"total_bytes": m["rss"], "per_vehicle_bytes": round(m["rss"] / max(1, self.vehicles)),
                     "per_connection_bytes": round((m["rss"] - m["rss_base"]) / connected) if connected else None,
-                    "per_process": [{"pid": f["pid"], "vehicles": f["vehicles"], "rss_bytes": f["rss"]} for f in done]},
+                    "per_process": [{"pid": f["pid"], "vehicles": f["vehicles"], "rss_bytes": f["rss"],
+                                     "cpu_s": round(f["cpu_s"], 2)} for f in done]},
+            "cpu_s": round(m["cpu_s"], 2),
             "source_addresses": max((f.get("sources", 0) for f in done), default=0),
             "worker_errors": self.errors,
         }

@@ -9,8 +9,10 @@ Strategy:
   per vehicle at a time: the CONNACK/SUBACK deadline, then the heartbeat/keepalive tick).
 - Shared state (options, counters, ledger, random generator, the PUBACK table) lives in the process's
   :class:`~scripts.fleet.worker.Worker`; the vehicle reaches it through one reference.
-- Life cycle: ``connection_made`` sends CONNECT; CONNACK 0 -> SUBSCRIBE ``<prefix>/+`` at QoS 1;
-  SUBACK -> publish ``ecp/<VIN>/online`` and start the heartbeat tick. Every delivery is recorded in
+- Life cycle: ``connection_made`` sends CONNECT and SUBSCRIBE ``<prefix>/+`` at QoS 1 in one write
+  (MQTT-3.1.4 lets a client send before CONNACK; a refused CONNECT closes the connection and the
+  SUBSCRIBE is never processed); CONNACK 0 -> connected; SUBACK -> publish ``ecp/<VIN>/online`` (so
+  the dispatcher's "online" trigger finds the subscription) and start the heartbeat tick. Every delivery is recorded in
   the ledger, then acknowledged at once (all PUBACKs a read produced go out in one ``write``) or after
   the ack delay (a loop timer bound to the transport, so a PUBACK never goes out on a later
   connection).
@@ -41,8 +43,8 @@ if TYPE_CHECKING:
 
 IDLE = 0  # no connection (queued for a connect, or waiting for a reconnect delay)
 FAILED = -1  # handshake failed and was counted; connection_lost follows
-TCP = 1  # CONNECT sent, waiting for CONNACK
-CONNECTED = 2  # CONNACK 0, SUBSCRIBE sent
+TCP = 1  # CONNECT + SUBSCRIBE sent, waiting for CONNACK
+CONNECTED = 2  # CONNACK 0, waiting for SUBACK
 SUBSCRIBED = 3  # SUBACK received, online published, heartbeats running
 
 SUB_PACKET_ID = 1
@@ -84,7 +86,10 @@ class Vehicle(asyncio.Protocol):
         w.open_transports += 1
         o = w.opts
         password = o.password.encode() if o.password is not None else None
-        transport.write(encode(Connect(self.vin, not o.persistent, o.keepalive, o.username, password)))  # type: ignore[attr-defined]
+        # MQTT-3.1.4: a client may send packets before CONNACK; SUBSCRIBE rides in the same write
+        subscribe = Subscribe(SUB_PACKET_ID, ((w.delivery_prefix(self.vin) + "+", 1),))
+        transport.write(encode(Connect(self.vin, not o.persistent, o.keepalive, o.username, password))  # type: ignore[attr-defined]
+                        + encode(subscribe))
         self.timer = w.loop.call_later(o.connect_timeout, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -95,6 +100,8 @@ class Vehicle(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         state = self.state
+        if state in (TCP, CONNECTED, FAILED):
+            w.handshake_done()
         if state >= CONNECTED:
             c.connected -= 1
         if state == SUBSCRIBED:
@@ -122,6 +129,7 @@ class Vehicle(asyncio.Protocol):
     def connect_failed(self, reason: str) -> None:
         """The TCP connect itself failed (called by the worker): count it and retry with backoff."""
         w = self.worker
+        w.handshake_done()
         w.connect_error(reason)
         self.attempts += 1
         if not w.stopping:
@@ -198,7 +206,6 @@ class Vehicle(asyncio.Protocol):
         else:
             self.ever = True
             w.first_connect()
-        self.transport.write(encode(Subscribe(SUB_PACKET_ID, ((w.delivery_prefix(self.vin) + "+", 1),))))  # type: ignore[union-attr]
 
     def _suback(self, p: Suback) -> None:
         w = self.worker
@@ -211,6 +218,7 @@ class Vehicle(asyncio.Protocol):
             w.counters.subscribe_errors += 1
             w.note_error(f"SUBACK refused the delivery filter of {self.vin}")
         self.state = SUBSCRIBED
+        w.handshake_done()
         w.counters.subscribed += 1
         self.attempts = 0
         self._publish_status("online")

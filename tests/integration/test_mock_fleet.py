@@ -22,7 +22,7 @@ from fanout.mqtt.packets import Puback, Publish
 from scripts.fleet.payload import stamp
 from scripts.fleet.runner import run_fleet
 from scripts.fleet.vins import make_vins
-from scripts.fleet.worker import FleetOptions
+from scripts.fleet.options import FleetOptions
 
 from .conftest import HOST, REPO, RawClient, cli_broker, url_port
 
