@@ -6,7 +6,8 @@ loopback, and writes ``benchmarks/results/client_bench.json`` and ``client_bench
 Phases (bounded, ~30 s in total):
 
 1. ``hot_latency``: ``durability="hybrid"``, connected, paced below capacity so the ring never fills:
-   time of each ``await client.submit(...)`` call (accepted into the ring).
+   time of each ``await client.submit(...)`` call (accepted into the ring), wall clock, plus the
+   submitting thread's CPU time (on a shared 2-core machine the difference is time the OS ran others).
 2. ``cold_latency``: ``durability="always"``, one submitter, paced: each ``submit`` returns after the
    outbox commit is fsynced (the COLD accept path; a disconnected hybrid client takes the same path).
 3. ``hot_throughput``: submit as fast as the loop allows (yielding once per submission), wait for every
@@ -75,19 +76,24 @@ def client(port: int, outbox: Path, **kw: Any) -> Any:
 
 async def paced_latency(port: int, outbox: Path, n: int, rate: float, durability: str) -> tuple[list[float], dict[str, Any]]:
     lat: list[float] = []
+    cpu: list[float] = []
     async with client(port, outbox, durability=durability) as c:
         interval = 1.0 / rate
         start = time.perf_counter()
         handles = []
         for i in range(n):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             handles.append(await c.submit(VINS, PAYLOAD, request_id=f"{durability}-lat-{i}"))
             lat.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
             delay = start + (i + 1) * interval - time.perf_counter()
             await asyncio.sleep(max(0.0, delay))
         await asyncio.gather(*(h.acked() for h in handles))
         modes = {m: sum(h.mode == m for h in handles) for m in ("hot", "cold")}
-    return lat, {"rate_per_s": rate, "accepted_modes": modes}
+    cpu_ms = sorted(v * 1000 for v in cpu)
+    # CPU time of the submitting thread: wall minus this is time the OS gave the CPU to someone else
+    return lat, {"rate_per_s": rate, "accepted_modes": modes, "thread_cpu_p50_ms": round(pct(cpu_ms, 50), 4),
+                 "thread_cpu_p99_ms": round(pct(cpu_ms, 99), 4)}
 
 
 async def throughput(port: int, outbox: Path, n: int, durability: str, submitters: int) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def make_submission(
         raise SubmissionInvalid("vins", f"must be an iterable of strings, got {type(vins).__name__}") from None
     if not vin_list:
         raise SubmissionInvalid("vins", "must name at least one VIN")
-    if set(map(type, vin_list)) != {str} or "" in vin_list:  # C-speed check; locate the culprit only on failure
+    if not _all_nonempty_str(vin_list):  # C-speed check; locate the culprit only on failure
         for i, vin in enumerate(vin_list):
             if type(vin) is not str or not vin:
                 raise SubmissionInvalid(f"vins[{i}]", f"must be a non-empty string, got {vin!r}")
@@ -205,6 +205,15 @@ def make_submission(
     elif any(c in data_id for c in _BAD_LEVEL_CHARS):
         raise SubmissionInvalid("data_id", f"must be one topic level (no '/', '+', '#', NUL), got {data_id!r}")
     return Submission(seq, request_id, data_id, blob, vin_list, ts_ms)
+
+
+def _all_nonempty_str(items: list[object]) -> bool:
+    """True when every item is a non-empty str (``str.join`` type-checks in C: ~25 us for 1,000)."""
+    try:
+        "".join(items)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return "" not in items
 
 
 def parse_cluster_error(raw: bytes) -> dict[str, Any]:
