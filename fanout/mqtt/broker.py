@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import structlog
 
-from .connection import CLOSED, CONNECTED, CONNECTING, Connection
+from .connection import CLOSED, CONNECTED, CONNECTING, ERROR, Connection
 from .deadlines import DeadlineWheel
 from .errors import ProtocolError, UnsupportedProtocol
 from .hooks import BrokerHooks, ClientConnected, ClientDisconnected, Subscribed, Unsubscribed
@@ -133,6 +133,7 @@ class Broker(Routing):
             Publish: self._on_publish, Puback: self._on_puback, Pubrec: self._on_pubrec,
             Pubrel: self._on_pubrel, Pubcomp: self._on_pubcomp, Subscribe: self._on_subscribe,
             Unsubscribe: self._on_unsubscribe, Pingreq: self._on_pingreq, Disconnect: self._on_disconnect,
+            Connect: self._on_second_connect,
             # server-to-client packets from a client are protocol violations (section 2.2.1)
             Connack: self._on_bad_packet, Suback: self._on_bad_packet, Unsuback: self._on_bad_packet,
             Pingresp: self._on_bad_packet,
@@ -162,21 +163,30 @@ class Broker(Routing):
         self._now = now_ms
         conn.last_rx_ms = now_ms
         self.bytes_received += len(data)
+        if conn.state is CONNECTED and conn.held is None:
+            # Fast path: the reader directly (Connection.receive_data adds a frame and an order check
+            # whose only remaining rule, "no second CONNECT", the handler table enforces here).
+            try:
+                packets = conn.reader.feed(data)
+            except ProtocolError as exc:
+                conn.state = ERROR
+                self._dispatch(conn, exc.packets)
+                self._protocol_error(conn, exc)
+                return
+            self.msgs_received += len(packets)
+            handlers = self._handlers
+            for p in packets:
+                handlers[p.__class__](conn, p)
+                if conn.state is not CONNECTED:
+                    return
+            return
         try:
             packets = conn.receive_data(data)
         except ProtocolError as exc:
             self._dispatch(conn, exc.packets)
             self._protocol_error(conn, exc)
             return
-        if conn.state is CONNECTED and conn.held is None:
-            self.msgs_received += len(packets)
-            handlers = self._handlers
-            for p in packets:
-                handlers[p.__class__](conn, p)  # KeyError: a server-to-client packet type
-                if conn.state is not CONNECTED:
-                    return
-        else:
-            self._dispatch(conn, packets)
+        self._dispatch(conn, packets)
 
     def _dispatch(self, conn: Connection, packets: list[Any]) -> None:
         """Slow path: packets while CONNECTING (or before a protocol error); held while auth runs."""
@@ -190,10 +200,10 @@ class Broker(Routing):
                 if len(conn.held) > MAX_HELD_PACKETS:
                     self._protocol_error(conn, ProtocolError("too many packets before CONNACK"))
                 return
-            if p.__class__ is Connect:
+            if p.__class__ is Connect and conn.session is None:
                 self._on_connect(conn, p)
             else:
-                handlers[p.__class__](conn, p)
+                handlers[p.__class__](conn, p)  # a CONNECT here is a second one: protocol error
 
     def connection_lost(self, conn: Connection, now_ms: int, reason: str = "connection lost") -> None:
         """The network connection ended (peer closed, reset, or the adapter closed it)."""
@@ -394,6 +404,9 @@ class Broker(Routing):
             if not self._dirty:
                 self._wake()
             self._dirty.append(conn)
+
+    def _on_second_connect(self, conn: Connection, p: Connect) -> None:
+        self._protocol_error(conn, ProtocolError("second CONNECT on one connection (MQTT-3.1.0-2)"))
 
     def _on_bad_packet(self, conn: Connection, p: Any) -> None:
         self._protocol_error(conn, ProtocolError(f"{type(p).__name__} is a server-to-client packet (section 2.2.1)"))

@@ -22,6 +22,7 @@ and are dispatched by a dict keyed on the packet class (see :mod:`broker`); hand
 from __future__ import annotations
 
 import json
+import struct
 from typing import TYPE_CHECKING, Any, Hashable
 
 from .codec import encode_puback, encode_pubcomp, encode_publish, encode_pubrec, encode_pubrel
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MATCH_CACHE_SIZE = 4096
 ACL_CACHE_SIZE = 256
 
+_U16 = struct.Struct(">H").pack
 _SENT = DeliverStatus.SENT
 _QUEUED = DeliverStatus.QUEUED
 
@@ -92,17 +94,31 @@ class Routing:
                 self._emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if self._forward:
                 self._emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain))
-        if qos == 1:
-            self._route(topic, p.payload, 1, p.retain)
-            self._write(conn, encode_puback(p.packet_id))  # type: ignore[arg-type]
-        elif qos == 0:
-            self._route(topic, p.payload, 0, p.retain)
-        else:
-            # QoS 2, "method A": route on PUBLISH, remember the id until PUBREL so a DUP resend is
-            # not routed twice (MQTT-4.3.3-2).
-            if conn.session.qos2_received(p.packet_id):
-                self._route(topic, p.payload, 2, p.retain)
-            self._write(conn, encode_pubrec(p.packet_id))  # type: ignore[arg-type]
+        if qos != 2:
+            # _route inlined: this is the per-message path of QoS 0 and 1
+            payload = p.payload
+            if p.retain:
+                self.retained.set(topic, payload, qos)
+            subs = self._match_cache.get(topic)
+            if subs is None:
+                subs = self._match(topic)
+            if subs:
+                self._fanout(topic, payload, qos, subs, False)
+            if qos:
+                out = conn.out
+                if not out:
+                    dirty = self._dirty
+                    if not dirty:
+                        self._wake()
+                    dirty.append(conn)
+                out.append(encode_puback(p.packet_id))  # type: ignore[arg-type]
+                self.msgs_sent += 1
+            return
+        # QoS 2, "method A": route on PUBLISH, remember the id until PUBREL so a DUP resend is not
+        # routed twice (MQTT-4.3.3-2).
+        if conn.session.qos2_received(p.packet_id):
+            self._route(topic, p.payload, 2, p.retain)
+        self._write(conn, encode_pubrec(p.packet_id))  # type: ignore[arg-type]
 
     def _acl_publish(self: "Broker", conn: Connection, topic: str, cache: dict[str, bool]) -> bool:
         allowed = self.acl.can_publish(conn.principal, topic)
@@ -123,20 +139,28 @@ class Routing:
             self.retained.set(topic, payload, qos)
         subs = self._match_cache.get(topic)
         if subs is None:
-            subs = self.trie.match(topic)
-            cache = self._match_cache
-            if len(cache) >= MATCH_CACHE_SIZE:
-                cache.clear()
-            cache[topic] = subs
+            subs = self._match(topic)
         if subs:
             self._fanout(topic, payload, qos, subs, False)
             return len(subs)
         return 0
 
+    def _match(self: "Broker", topic: str) -> dict[str, int]:
+        """Trie match through the cache (cleared on every subscription change)."""
+        subs = self.trie.match(topic)
+        cache = self._match_cache
+        if len(cache) >= MATCH_CACHE_SIZE:
+            cache.clear()
+        cache[topic] = subs
+        return subs
+
     def _fanout(self: "Broker", topic: str, payload: bytes, qos: int, subs: dict[str, int], retain: bool) -> None:
         sessions = self.sessions
         enc0 = None
+        heads: list[bytes | None] | None = None  # per QoS: PUBLISH bytes before the packet id
         tb = topic.encode("utf-8")
+        many = len(subs) > 1
+        dirty = self._dirty
         for cid, granted in subs.items():
             s = sessions.get(cid)
             if s is None:
@@ -150,10 +174,9 @@ class Routing:
                     self.pub_dropped += 1
                     continue
                 if enc0 is None:
-                    enc0 = encode_publish(tb, payload, 0, retain, False, None)
+                    enc0 = encode_publish(tb, payload, 0, retain, False, None)  # once for all recipients
                 out = c.out
                 if not out:
-                    dirty = self._dirty
                     if not dirty:
                         self._wake()
                     dirty.append(c)
@@ -161,16 +184,34 @@ class Routing:
                 self.msgs_sent += 1
                 self.pub_sent += 1
             elif c is not None and not s.queue and len(s.inflight) < s.limits.max_inflight:
-                # inline Session.send + _write: the common QoS 1 case
-                pid = s.alloc_pid()
-                s.inflight[pid] = OutMsg(topic, payload, q, retain)
+                # Session.send + _write inlined: the common QoS 1 case
+                inflight = s.inflight
+                pid = s.last_pid + 1
+                if pid > 0xFFFF or pid in inflight:
+                    pid = s.alloc_pid()
+                else:
+                    s.last_pid = pid
+                inflight[pid] = OutMsg(topic, payload, q, retain)
                 out = c.out
                 if not out:
-                    dirty = self._dirty
                     if not dirty:
                         self._wake()
                     dirty.append(c)
-                out.append(encode_publish(tb, payload, q, retain, False, pid))
+                if many:
+                    # Encode the fixed header and topic once per QoS; per recipient only the packet id
+                    # differs (head | pid | payload, joined at flush).
+                    if heads is None:
+                        heads = [None, None, None]
+                    head = heads[q]
+                    if head is None:
+                        full = encode_publish(tb, payload, q, retain, False, 1)
+                        head = heads[q] = full[:len(full) - len(payload) - 2]
+                    out.append(head)
+                    out.append(_U16(pid))
+                    if payload:
+                        out.append(payload)
+                else:
+                    out.append(encode_publish(tb, payload, q, retain, False, pid))
                 self.msgs_sent += 1
                 self.pub_sent += 1
             else:

@@ -772,3 +772,64 @@ def test_flush_coalesces_output_per_connection(net):
     out = net.broker.flush()
     assert [c.client_id for c, _ in out] == ["s"]
     assert len(PacketReader().feed(out[0][1])) == 5
+
+
+def test_fanout_to_many_subscribers_each_gets_own_packet_ids(net):
+    subs = []
+    for k in range(6):
+        s = net.client()
+        s.connect(f"s{k}")
+        s.subscribe(("many/+", k % 3))
+        subs.append(s)
+    # make packet ids differ between sessions
+    net.broker.sessions["s1"].last_pid = 500
+    net.broker.sessions["s4"].last_pid = 0xFFFF
+    p = net.client()
+    p.connect("p")
+    p.send(Publish("many/x", b"payload", 2, False, False, 1), Publish("many/y", b"", 1, False, False, 2))
+    for k, s in enumerate(subs):
+        got = s.take()
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("many/x", b"payload", k % 3), ("many/y", b"", min(1, k % 3))]
+        if k == 1:
+            assert [m.packet_id for m in got] == [501, 502]
+        if k == 4:
+            assert [m.packet_id for m in got] == [1, 2]  # wrapped past 65535
+
+
+def test_core_modules_import_no_io():
+    """STYLE.md: the sans-I/O core imports no asyncio, socket or ray (only aio.py may).
+
+    Checked on each module's own import statements: structlog, which every module logs through,
+    imports asyncio itself, so ``sys.modules`` cannot tell.
+    """
+    import ast
+    from pathlib import Path
+
+    import fanout.mqtt
+
+    root = Path(fanout.mqtt.__file__).parent
+    forbidden = {"asyncio", "socket", "ray", "selectors", "ssl", "uvloop"}
+    for name in ("session", "connection", "broker", "routing", "hooks", "retained", "deadlines", "sys_stats"):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+        assert not imported & forbidden, (name, imported & forbidden)
+
+
+def test_second_connect_then_garbage_in_one_chunk(net):
+    c = net.client()
+    c.connect("a")
+    c.send_raw(encode(Pingreq()) + encode(Connect("a")) + b"\x00\x00")
+    assert c.take() == [Pingresp()]
+    assert c.closed and net.broker.clients_connected == 0
+
+
+def test_connect_and_garbage_in_one_chunk(net):
+    c = net.client()
+    c.send_raw(encode(Connect("a")) + encode(Pingreq()) + b"\x00\x00")
+    assert c.take() == [Connack(False, 0), Pingresp()]
+    assert c.closed and net.broker.clients_connected == 0
