@@ -32,7 +32,7 @@ class DeadlineWheel:
 
     def schedule(self, obj: Any, deadline_ms: int) -> None:
         """Schedule ``obj`` at ``deadline_ms`` (replaces its previous slot)."""
-        slot = deadline_ms // self._res + 1  # round up: never fire early
+        slot = -(-deadline_ms // self._res)  # ceiling: never fire early
         if 0 <= self._next and slot < self._next:
             slot = self._next
         if obj.wheel_slot == slot:

@@ -29,7 +29,7 @@ from .codec import encode_puback, encode_pubcomp, encode_publish, encode_pubrec,
 from .connection import CONNECTED, Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, Heartbeat, IngestTicket, LocalPublish
 from .packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
-from .session import RELEASED, SENT, OutMsg, Session
+from .session import SENT, OutMsg, Session
 from .topics import topic_matches
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -809,7 +809,7 @@ def test_core_modules_import_no_io():
 
     root = Path(fanout.mqtt.__file__).parent
     forbidden = {"asyncio", "socket", "ray", "selectors", "ssl", "uvloop"}
-    for name in ("session", "connection", "broker", "routing", "hooks", "retained", "deadlines", "sys_stats"):
+    for name in ("session", "connection", "broker", "lifecycle", "routing", "hooks", "retained", "deadlines", "sys_stats"):
         tree = ast.parse((root / f"{name}.py").read_text())
         imported = set()
         for node in ast.walk(tree):
@@ -833,3 +833,105 @@ def test_connect_and_garbage_in_one_chunk(net):
     c.send_raw(encode(Connect("a")) + encode(Pingreq()) + b"\x00\x00")
     assert c.take() == [Connack(False, 0), Pingresp()]
     assert c.closed and net.broker.clients_connected == 0
+
+
+# -- building blocks: Connection, DeadlineWheel, RetainedStore, SysStats hooks ----------------------
+
+
+def test_connection_state_machine():
+    from fanout.mqtt.connection import CONNECTING, Connection
+    from fanout.mqtt.errors import PacketTooLarge, ProtocolError
+
+    c = Connection(1024)
+    assert c.state is CONNECTING
+    data = encode(Connect("a")) + encode(Pingreq())
+    assert c.receive_data(data[:5]) == []
+    assert c.receive_data(data[5:]) == [Connect("a"), Pingreq()]
+    assert c.send(Connack(False, 0)) == b"\x20\x02\x00\x00" and c.state is CONNECTED
+    with pytest.raises(ProtocolError) as exc:
+        c.receive_data(encode(Pingreq()) + encode(Connect("a")))
+    assert exc.value.packets == [Pingreq()] and c.state is ERROR
+    assert c.receive_data(encode(Pingreq())) == []  # ignored once failed
+    c2 = Connection(1024)
+    with pytest.raises(ProtocolError, match="MQTT-3.1.0-1"):
+        c2.receive_data(encode(Pingreq()))
+    c3 = Connection(64)
+    with pytest.raises(PacketTooLarge):
+        c3.receive_data(encode(Connect("a")) + b"\x30\xff\x01")
+    assert c3.connect_seen and c3.buffered == 0
+    c4 = Connection(1024)
+    c4.receive_data(encode(Connect("b")))
+    assert c4.send(Connack(False, 5)) and c4.state is CLOSED
+    with pytest.raises(ProtocolError):
+        c4.send(Pingresp())
+    assert c4.close("x") is True and c4.close("y") is False and c4.close_reason == "x"
+
+
+def test_deadline_wheel():
+    from fanout.mqtt.deadlines import DeadlineWheel
+
+    class Obj:
+        wheel_slot = -1
+
+    w = DeadlineWheel(1000)
+    a, b, c = Obj(), Obj(), Obj()
+    w.schedule(a, 1500)
+    w.schedule(b, 2500)
+    w.schedule(c, 1200)
+    w.schedule(c, 3000)  # moved: the old entry becomes stale
+    assert w.due(1999) == []  # never early: a (1500) fires with the bucket ending at 2000
+    assert w.due(2000) == [a]
+    assert w.due(2999) == []
+    assert w.due(3000) == [b, c]  # c once: its stale entry in bucket 2 was skipped
+    w.schedule(c, 4000)
+    w.cancel(c)
+    assert w.due(10_000) == []
+    w.schedule(a, 5000)  # already past: fires at the next bucket boundary (at most one resolution late)
+    assert w.due(10_999) == []
+    assert w.due(11_000) == [a]
+    w.schedule(b, 10 ** 9)
+    assert w.due(10 ** 9 + 1000) == [b]  # a long gap visits only existing buckets
+
+
+def test_retained_store():
+    from fanout.mqtt.retained import RetainedStore
+
+    r = RetainedStore()
+    r.set("a/b", b"1", 1)
+    r.set("$SYS/x", b"2", 0)
+    r.set("a/c", b"3", 2)
+    assert list(r.matching("a/b")) == [("a/b", b"1", 1)]
+    assert [t for t, *_ in r.matching("a/+")] == ["a/b", "a/c"]
+    assert [t for t, *_ in r.matching("#")] == ["a/b", "a/c"]  # not $SYS (MQTT-4.7.2-1)
+    assert [t for t, *_ in r.matching("$SYS/#")] == ["$SYS/x"]
+    r.set("a/b", b"", 0)
+    assert "a/b" not in r and len(r) == 2
+
+
+def test_sys_stats_sources_listeners_and_changed_only():
+    net = Net(mqtt={"sys_interval": "1s"})
+    snaps = []
+    net.broker.sys.add_source(lambda: {"$SYS/fanout/pending": 7})
+    net.broker.sys.add_listener(snaps.append)
+    net.broker.sys.add_source(lambda: 1 / 0)  # a broken hook is logged, not fatal
+    s = net.client()
+    s.connect("s")
+    s.subscribe(("$SYS/#", 0))
+    net.advance(1000)
+    first = {t: v for t, v, *_ in pubs(s.take())}
+    assert first["$SYS/fanout/pending"] == b"7" and "$SYS/broker/uptime" in first
+    assert snaps and snaps[-1]["$SYS/fanout/pending"] == 7
+    net.advance(1000)
+    second = {t for t, *_ in pubs(s.take())}
+    assert "$SYS/fanout/pending" not in second  # unchanged values are not republished
+    assert "$SYS/broker/uptime" in second
+
+
+def test_failing_hook_does_not_lose_output():
+    class Broken(RecordingHooks):
+        def on_events(self, events):
+            raise RuntimeError("boom")
+
+    net = Net(hooks=Broken())
+    c = net.client()
+    assert c.connect("a") == Connack(False, 0)
