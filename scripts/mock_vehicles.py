@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--reconnect-max", type=float, default=d.reconnect_max, help="backoff cap, seconds")
     c = p.add_argument_group("connections")
     c.add_argument("--connect-rate", type=float, default=d.connect_rate,
-                   help=f"connects per second over all vehicles of a process (default {d.connect_rate:g}; 0 = unlimited)")
+                   help=f"connects per second, whole fleet (default {d.connect_rate:g}; 0 = unlimited)")
     c.add_argument("--connect-concurrency", type=int, default=d.connect_concurrency,
                    help=f"handshakes (TCP connect to SUBACK) in progress per process (default {d.connect_concurrency})")
     c.add_argument("--connect-timeout", type=float, default=d.connect_timeout, help="TCP connect, CONNACK and SUBACK deadline")

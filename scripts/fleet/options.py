@@ -35,7 +35,8 @@ class FleetOptions:
     ``order_ids`` (with ``expect_order``) is the platform's queue order; None orders request ids as strings.
     ``port`` may list several listeners (e.g. the nodes of a cluster, or brokers each under its own
     descriptor limit): vehicle ``i`` (global index) connects to ``port[i % len(port)]``.
-    Durations are seconds; ``connect_rate`` 0 is unlimited; ``duration``/``expect`` None are unset.
+    Durations are seconds; ``connect_rate`` (fleet-wide, shared equally by the processes) 0 is
+    unlimited; ``connect_concurrency`` is per process; ``duration``/``expect`` None are unset.
     """
 
     host: str = "127.0.0.1"

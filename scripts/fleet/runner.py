@@ -272,6 +272,7 @@ def _run_processes(opts: FleetOptions, vins: list[str], monitor: Monitor, log_le
     q: Any = ctx.Queue()
     stop_event = ctx.Event()
     n = opts.processes
+    opts = dataclasses.replace(opts, connect_rate=opts.connect_rate / n)  # the rate is fleet-wide
     bounds = [len(vins) * i // n for i in range(n + 1)]
     procs = []
     for wid in range(n):

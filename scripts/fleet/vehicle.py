@@ -138,6 +138,8 @@ class Vehicle(asyncio.Protocol):
     def _fail(self, reason: str) -> None:
         """Count a failed handshake and abort the connection (connection_lost then retries)."""
         self.worker.connect_error(reason)
+        if self.state == CONNECTED:  # a SUBACK timeout: connection_lost does not count FAILED ones
+            self.worker.counters.connected -= 1
         self.state = FAILED
         if self.transport is not None:
             self.transport.abort()
@@ -163,12 +165,13 @@ class Vehicle(asyncio.Protocol):
         w = self.worker
         try:
             packets = self.reader.feed(data)  # type: ignore[union-attr]
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # drop the connection; what it carried is redelivered or lost with it
             w.counters.protocol_errors += 1
-            w.note_error(f"protocol error: {exc}")
-            packets = exc.packets  # handle what decoded before the bad packet, then drop the connection
-            self.state = FAILED if self.state == TCP else self.state
+            w.note_error(f"protocol error: {exc.reason}")
+            if self.state == TCP:
+                self.state = FAILED
             self.transport.abort()  # type: ignore[union-attr]
+            return
         acks: list[bytes] = []
         for p in packets:
             tp = type(p)
@@ -185,10 +188,10 @@ class Vehicle(asyncio.Protocol):
 
     def _write_acks(self, acks: list[bytes]) -> None:
         t = self.transport
+        self.unacked -= len(acks)
         if t is not None and not t.is_closing():
             t.write(b"".join(acks) if len(acks) > 1 else acks[0])
-        self.unacked -= len(acks)
-        self.worker.counters.pubacks += len(acks)
+            self.worker.counters.pubacks += len(acks)
 
     def _connack(self, p: Connack) -> None:
         w = self.worker

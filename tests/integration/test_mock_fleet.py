@@ -33,7 +33,9 @@ pytestmark = pytest.mark.timeout(60)
 def port(tmp_path_factory: pytest.TempPathFactory) -> Any:
     config = tmp_path_factory.mktemp("fleet") / "fanout.toml"
     config.write_text('[mqtt]\nanonymous_role = "admin"\n')
-    with cli_broker("--config", str(config)) as (_, url):
+    # cli_broker reads only the ready line: at info level the broker logs every connect and would block
+    # on a full stderr pipe after ~64 KB, so keep it quiet
+    with cli_broker("--config", str(config), env={"FANOUT_LOG_LEVEL": "error"}) as (_, url):
         yield url_port(url)
 
 
@@ -170,6 +172,14 @@ def test_crash_before_puback_reconnects_and_gets_dup_redelivery(port: int) -> No
     assert s["requests"]["ota-1"]["count"] == 2 and s["requests"]["ota-1"]["duplicates"] == 2
 
 
+def test_refused_connects_are_counted_and_retried_with_backoff(port: int) -> None:
+    run = FleetRun(fleet_options(port, "REFUSED", 3, username="nobody", password="wrong", duration=1.5))
+    s = run.result()
+    assert (s["connected"], s["connects"], s["subscribed"]) == (0, 0, 0)
+    # 3 vehicles, backoff 0.2, 0.4, 0.8 s (+-20%): 3 or 4 attempts each in 1.5 s
+    assert 9 <= s["connect_errors"] <= 12 and s["errors"] == {"CONNACK return code 4": s["connect_errors"]}
+
+
 def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path) -> None:
     script = REPO / "scripts" / "mock_vehicles.py"
     out = tmp_path / "summary.json"
@@ -185,3 +195,24 @@ def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path) -> N
                            "--expect", "1", "--timeout", "0.5", "--display", "off"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and json.loads(proc.stdout)["stop_reason"] == "timeout"
+
+
+def test_mock_platform_sends_requests_and_fails_on_errors(port: int, tmp_path: Path) -> None:
+    script = REPO / "scripts" / "mock_platform.py"
+    order = tmp_path / "order.txt"
+    proc = subprocess.run([sys.executable, str(script), "--port", str(port), "--username", "platform", "--password",
+                           "platform", "--vin-prefix", "PLT", "--count", "20", "--requests", "3", "--request-id", "job",
+                           "--payload-size", "64", "--order-file", str(order), "--quiet"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    assert (s["submissions"], s["acked"], s["errors"], s["vins"], s["payload_bytes"]) == (3, 3, [], 20, 64)
+    assert s["request_ids"] == ["job-000001", "job-000002", "job-000003"] == order.read_text().split()
+    assert s["outbox_dir"] is None
+    # nothing listens on port 1: not acknowledged within --timeout -> exit 1, the outbox is kept
+    proc = subprocess.run([sys.executable, str(script), "--port", "1", "--count", "2", "--timeout", "0.5",
+                           "--outbox-dir", str(tmp_path / "outbox"), "--quiet"], capture_output=True, text=True, timeout=30)
+    s = json.loads(proc.stdout)
+    assert proc.returncode == 1 and (s["acked"], s["timed_out"]) == (0, 1) and s["outbox_dir"] == str(tmp_path / "outbox")
+    proc = subprocess.run([sys.executable, str(script), "--payload-size", "4"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "payload-size" in proc.stderr
