@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import threading
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +47,7 @@ from .common import (
 )
 from .loadgen import (
     MAX_UNDELIVERED, PAYLOAD_SIZE, STALL_S, WINDOW, LeanClient, Tally, close_all, connect, connect_many,
-    percentile_ms, pubacks, run_async, wait_progress,
+    paho_1to1, percentile_ms, pubacks, run_async, wait_progress,
 )
 
 NAME = "broker_bench"
@@ -80,14 +80,15 @@ class Sizes:
     idle_connections: int
     paho_messages: int
     warmup: int
+    rounds: int  # (a), paho and (b) repeat this often, interleaved over the systems; figures are medians
     max_run_s: float  # a (a)/(b) run stops publishing after this long; its figures use what arrived
     quiet_wait_s: float  # before each measurement, wait up to this long for other CPU load to pass
 
 
-FULL = Sizes(messages_1to1=250_000, messages_1toN=250_000, subscribers=1_000, idle_connections=10_000,
-             paho_messages=20_000, warmup=5_000, max_run_s=60.0, quiet_wait_s=90.0)
+FULL = Sizes(messages_1to1=200_000, messages_1toN=100_000, subscribers=1_000, idle_connections=10_000,
+             paho_messages=20_000, warmup=5_000, rounds=3, max_run_s=20.0, quiet_wait_s=15.0)
 QUICK = Sizes(messages_1to1=1_000, messages_1toN=1_000, subscribers=100, idle_connections=300,
-              paho_messages=300, warmup=100, max_run_s=20.0, quiet_wait_s=0.0)
+              paho_messages=300, warmup=100, rounds=1, max_run_s=20.0, quiet_wait_s=0.0)
 
 
 def _cpu_busy_s() -> float:
@@ -200,61 +201,6 @@ async def scenario_idle(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# paho-mqtt figure
-
-
-def paho_1to1(broker: PeerBroker, count: int) -> dict[str, Any]:
-    """(a) with paho-mqtt clients as a typical application would use them (loop threads, defaults)."""
-    import paho.mqtt.client as mqtt
-
-    received = [0]
-    done, subscribed, connected = threading.Event(), threading.Event(), threading.Event()
-    end = [0.0]
-
-    def on_message(client: Any, userdata: Any, msg: Any) -> None:
-        received[0] += 1
-        if received[0] == count:
-            end[0] = time.perf_counter()
-            done.set()
-
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-sub", clean_session=True)
-    sub.on_message = on_message
-    sub.on_subscribe = lambda *a: subscribed.set()
-    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-pub", clean_session=True)
-    pub.on_connect = lambda *a: connected.set()
-    clients = []
-    try:
-        for c in (sub, pub):
-            c.connect(broker.host, broker.port, keepalive=300)
-            c.loop_start()
-            clients.append(c)
-        sub.subscribe("bench/paho", qos=1)
-        if not (subscribed.wait(STALL_S) and connected.wait(STALL_S)):
-            raise TimeoutError("paho: no SUBACK/CONNACK")
-        payload = bytes(PAYLOAD_SIZE)
-        cpu0 = broker.cpu_seconds()
-        t0 = time.perf_counter()
-        for _ in range(count):
-            pub.publish("bench/paho", payload, qos=1)
-        last, last_change = -1, time.monotonic()
-        while not done.wait(1.0):
-            if received[0] != last:
-                last, last_change = received[0], time.monotonic()
-            elif time.monotonic() - last_change > STALL_S:
-                raise TimeoutError(f"paho: no progress for {STALL_S:.0f} s (at {received[0]}/{count})")
-        elapsed = end[0] - t0
-        return {
-            "paho_throughput_1to1_msg_s": count / elapsed,
-            "paho_cpu_us_per_msg_1to1": (broker.cpu_seconds() - cpu0) / count * 1e6,
-            "paho_duration_1to1_s": elapsed,
-        }
-    finally:
-        for c in clients:
-            c.disconnect()
-            c.loop_stop()
-
-
-# ---------------------------------------------------------------------------------------------------
 # one system, ratios, plot, entry points
 
 
@@ -263,10 +209,7 @@ def _log(msg: str) -> None:
 
 
 def _attempt(system: str, what: str, figures: dict[str, Any], errors: dict[str, str],
-             fn: Callable[[], dict[str, Any]], quiet_wait_s: float) -> None:
-    busy = wait_for_quiet(quiet_wait_s)
-    if quiet_wait_s > 0:
-        figures[f"machine_busy_pct_before_{what}"] = busy
+             fn: Callable[[], dict[str, Any]]) -> None:
     t0 = time.monotonic()
     try:
         got = fn()
@@ -275,33 +218,74 @@ def _attempt(system: str, what: str, figures: dict[str, Any], errors: dict[str, 
         _log(f"{system:9s} {what}: FAILED {errors[what]}")
         return
     figures.update(got)
-    shown = {k: v for k, v in got.items() if k in FIGURES or k == "connects_per_s"}
+    shown = {k: v for k, v in got.items() if k in FIGURES or k.startswith(("connects_per_s", "other_cpu_share"))}
     _log(f"{system:9s} {what} ({time.monotonic() - t0:.1f} s): "
          + ", ".join(f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
 
 
-def bench_system(system: str, sizes: Sizes) -> dict[str, Any]:
-    """Every figure for one broker: (a), paho (a), (b) on one broker process; (d) on a fresh one."""
+def _paho(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
+    return paho_1to1(broker.host, broker.port, sizes.paho_messages, sizes.max_run_s, broker.cpu_seconds)
+
+
+def bench_round(system: str, sizes: Sizes) -> dict[str, Any]:
+    """One round of (a), paho (a) and (b) on one fresh broker process; errors under ``errors``."""
     figures: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    q = sizes.quiet_wait_s
+    if sizes.quiet_wait_s > 0:
+        figures["machine_busy_pct_before"] = wait_for_quiet(sizes.quiet_wait_s)
     try:
         with PeerBroker(system) as broker:
             figures["version"] = broker.version()
-            _attempt(system, "1to1", figures, errors, lambda: run_async(scenario_1to1(broker, sizes)), q)
-            _attempt(system, "paho_1to1", figures, errors, lambda: paho_1to1(broker, sizes.paho_messages), q)
-            _attempt(system, "1toN", figures, errors, lambda: run_async(scenario_1toN(broker, sizes)), q)
-        with PeerBroker(system) as broker:
-            _attempt(system, "idle", figures, errors, lambda: run_async(scenario_idle(broker, sizes)), q)
+            _attempt(system, "1to1", figures, errors, lambda: run_async(scenario_1to1(broker, sizes)))
+            _attempt(system, "paho_1to1", figures, errors, lambda: _paho(broker, sizes))
+            _attempt(system, "1toN", figures, errors, lambda: run_async(scenario_1toN(broker, sizes)))
     except Exception as exc:  # broker did not start (e.g. Mosquitto not installed)
         errors["broker"] = f"{type(exc).__name__}: {exc}"
         _log(f"{system:9s} FAILED {errors['broker']}")
-    for key in FIGURES:
-        figures.setdefault(key, None)
-    figures = {k: figures[k] for k in sorted(figures, key=lambda k: (k not in FIGURES, k))}
     if errors:
         figures["errors"] = errors
     return figures
+
+
+def bench_idle(system: str, sizes: Sizes) -> dict[str, Any]:
+    """(d) on a fresh broker process."""
+    figures: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    try:
+        with PeerBroker(system) as broker:
+            _attempt(system, "idle", figures, errors, lambda: run_async(scenario_idle(broker, sizes)))
+    except Exception as exc:
+        errors["broker"] = f"{type(exc).__name__}: {exc}"
+        _log(f"{system:9s} FAILED {errors['broker']}")
+    if errors:
+        figures["errors"] = errors
+    return figures
+
+
+def aggregate(rounds: list[dict[str, Any]], idle: dict[str, Any]) -> dict[str, Any]:
+    """One system's figures: the median over rounds of every number, plus each round's FIGURES."""
+    out: dict[str, Any] = {}
+    keys = list(dict.fromkeys(k for r in rounds for k in r if k != "errors"))
+    for key in keys:
+        values = [r[key] for r in rounds if key in r and r[key] is not None]
+        if not values:
+            out[key] = None
+        elif all(isinstance(v, bool) for v in values):
+            out[key] = any(values)
+        elif all(isinstance(v, (int, float)) for v in values):
+            out[key] = statistics.median(values)
+        else:
+            out[key] = values[0]
+    out.update({k: v for k, v in idle.items() if k != "errors"})
+    for key in FIGURES:
+        out.setdefault(key, None)
+    out = {k: out[k] for k in sorted(out, key=lambda k: (k not in FIGURES, k))}
+    out["rounds"] = [{k: r.get(k) for k in FIGURES if k in r} for r in rounds]
+    errors = {f"round{i + 1}.{k}": v for i, r in enumerate(rounds) for k, v in r.get("errors", {}).items()}
+    errors.update({f"idle.{k}": v for k, v in idle.get("errors", {}).items()})
+    if errors:
+        out["errors"] = errors
+    return out
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -405,11 +389,13 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         f"Same broker settings where they exist: outbound inflight window {INFLIGHT_WINDOW} per client "
         "(amqtt has none), per-client queues large enough that no QoS 1 message is dropped, no persistence, "
         "TCP_NODELAY (set_tcp_nodelay for Mosquitto).",
-        "(a)/(b)/paho share one broker process per system; (d) uses a fresh one.",
+        f"(a), paho (a) and (b) run in {sizes.rounds} round(s) interleaved over the systems, each round on a "
+        "fresh broker process; figures are medians over rounds (each round's values under 'rounds'); "
+        "(d) runs once on a fresh broker.",
         f"The publisher keeps {WINDOW} publishes unacknowledged and at most {MAX_UNDELIVERED} undelivered; "
         "latency percentiles are therefore the time a message waits behind up to that many others.",
-        f"A (a)/(b) run stops publishing after {sizes.max_run_s:.0f} s (time_capped_* = true) and its figures "
-        "use the messages that arrived (messages_*).",
+        f"A (a)/(b)/paho run stops publishing after {sizes.max_run_s:.0f} s (time_capped_* = true) and its "
+        "figures use the messages that arrived (messages_*); the same N and cap apply to every system.",
         "other_cpu_share_* is the share of the machine's CPU used by processes other than the broker and "
         "the generator during that run (e.g. other test suites); figures with a high share are noisy.",
     ]
@@ -425,16 +411,21 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "machine": machine_info(),
         "versions": versions(),
-        "params": {**asdict(sizes), "window": WINDOW, "max_undelivered": MAX_UNDELIVERED, "payload_bytes": PAYLOAD_SIZE, "qos": 1,
-                   "broker_inflight_window": INFLIGHT_WINDOW, "nofile_soft": soft, "nofile_hard": hard,
+        "params": {**asdict(sizes), "window": WINDOW, "max_undelivered": MAX_UNDELIVERED,
+                   "payload_bytes": PAYLOAD_SIZE, "qos": 1, "broker_inflight_window": INFLIGHT_WINDOW, "nofile_soft": soft, "nofile_hard": hard,
                    "stall_timeout_s": STALL_S, "generator": "asyncio + uvloop, fanout.mqtt.codec, one process"},
         "targets": TARGETS,
         "notes": notes,
         "systems": {},
     }
     _log(f"mode={result['mode']} systems={list(systems)} sizes={asdict(sizes)}")
+    rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    for r in range(sizes.rounds):  # interleaved, so slow drifts in background load hit every system
+        _log(f"round {r + 1}/{sizes.rounds}")
+        for system in systems:
+            rounds[system].append(bench_round(system, sizes))
     for system in systems:
-        result["systems"][system] = bench_system(system, sizes)
+        result["systems"][system] = aggregate(rounds[system], bench_idle(system, sizes))
     result["ratios"] = compute_ratios(result["systems"])
     result["targets_met"] = check_targets(result["systems"], result["ratios"])
     result["duration_s"] = round(time.time() - started, 1)

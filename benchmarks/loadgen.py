@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from fanout.mqtt.codec import PacketReader, encode, encode_puback, encode_publish
 from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe
@@ -286,3 +287,79 @@ def run_async(coro: Awaitable[T]) -> T:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(coro)  # type: ignore[arg-type]
+
+
+def paho_1to1(host: str, port: int, count: int, max_s: float, cpu_seconds: Callable[[], float]) -> dict[str, Any]:
+    """1 publisher -> 1 subscriber at QoS 1 with paho-mqtt clients used as an application would.
+
+    Two ``paho.mqtt.client.Client`` objects with their network loop threads (``loop_start``) and paho's
+    defaults (20 messages in flight); the publisher calls ``publish`` in a loop, holding back only
+    when ``MAX_UNDELIVERED`` messages are not yet received, and stops after ``max_s`` seconds.
+
+    Args:
+        host, port: the broker.
+        count: messages to send (fewer if ``max_s`` passes first).
+        max_s: publishing stops after this long; the figures use what arrived.
+        cpu_seconds: the broker process's CPU time so far.
+
+    Returns:
+        ``paho_throughput_1to1_msg_s`` and companions.
+    """
+    import paho.mqtt.client as mqtt
+
+    received = [0]
+    subscribed, connected = threading.Event(), threading.Event()
+    last = [0.0]
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        received[0] += 1
+        last[0] = time.perf_counter()
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-sub", clean_session=True)
+    sub.on_message = on_message
+    sub.on_subscribe = lambda *a: subscribed.set()
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-pub", clean_session=True)
+    pub.on_connect = lambda *a: connected.set()
+    clients = []
+    try:
+        for c in (sub, pub):
+            c.connect(host, port, keepalive=300)
+            c.loop_start()
+            clients.append(c)
+        sub.subscribe("bench/paho", qos=1)
+        if not (subscribed.wait(STALL_S) and connected.wait(STALL_S)):
+            raise TimeoutError("paho: no SUBACK/CONNACK")
+        payload = bytes(PAYLOAD_SIZE)
+        cpu0 = cpu_seconds()
+        t0 = time.perf_counter()
+        deadline = t0 + max_s
+        sent = 0
+        while sent < count:
+            if sent - received[0] >= MAX_UNDELIVERED:
+                time.sleep(0.0005)
+                if time.perf_counter() > deadline:
+                    break
+                continue
+            pub.publish("bench/paho", payload, qos=1)
+            sent += 1
+            if not sent % 256 and time.perf_counter() > deadline:
+                break
+        seen, seen_at = -1, time.monotonic()
+        while received[0] < sent:
+            time.sleep(0.01)
+            if received[0] != seen:
+                seen, seen_at = received[0], time.monotonic()
+            elif time.monotonic() - seen_at > STALL_S:
+                raise TimeoutError(f"paho: no progress for {STALL_S:.0f} s (at {received[0]}/{sent})")
+        elapsed = last[0] - t0
+        return {
+            "paho_throughput_1to1_msg_s": sent / elapsed,
+            "paho_cpu_us_per_msg_1to1": (cpu_seconds() - cpu0) / sent * 1e6,
+            "paho_messages_1to1": sent,
+            "time_capped_paho_1to1": sent < count,
+            "paho_duration_1to1_s": elapsed,
+        }
+    finally:
+        for c in clients:
+            c.disconnect()
+            c.loop_stop()
