@@ -21,7 +21,7 @@ Summary (stdout, and ``--summary FILE``): vehicles, seconds, stop_reason (expect
 signal, external, error), complete, connected and subscribed at the stop, connects, connect_errors,
 errors (by kind), reconnects, crashes, connection_losses, received, unique, duplicates {total,
 dup_flag, no_dup_flag}, order_violations, latency_ms {p50, p90, p99, max}, requests {request id:
-{count, duplicates, timestamped, latency_ms}}, connect {first_connects, seconds, rate_per_s}, rss
+{count, duplicates, timestamped, first_ms, latency_ms}}, connect {first_connects, seconds, rate_per_s}, rss
 {total_bytes, per_vehicle_bytes, per_connection_bytes, per_process}, heartbeats, pubacks,
 inflight_overlaps (a delivery received while an earlier one to the same vehicle was unacknowledged).
 Exit status: 0 complete, 1 an ``--expect`` not reached or a process failed, 2 bad options.

@@ -222,7 +222,8 @@ def summarize(exports: Iterable[dict[str, Any]], *, max_listed: int = 1000, orde
     Returns:
         ``received``, ``unique``, ``duplicates`` ({total, dup_flag, no_dup_flag}), ``order_violations``,
         ``untracked``, ``latency_ms`` (all requests), ``requests`` ({request id: {count, duplicates,
-        timestamped, latency_ms}}) and ``requests_omitted``.
+        timestamped, first_ms, latency_ms}}; ``first_ms`` is the first receipt by any vehicle, from the send
+        time, or 0 without one) and ``requests_omitted``.
     """
     totals = dict.fromkeys(("received", "unique", "dup_flag", "dup_noflag", "order_violations", "untracked"), 0)
     merged: dict[str, list[Any]] = {}  # rid -> [sent_us, first_us, count, duplicates, [arrival arrays]]
@@ -251,6 +252,7 @@ def summarize(exports: Iterable[dict[str, Any]], *, max_listed: int = 1000, orde
         every.extend(lat)
         if i < max_listed:
             requests[rid] = {"count": count, "duplicates": dups, "timestamped": sent_us is not None,
+                             "first_ms": round((first_us - base) / 1000, 3),
                              "latency_ms": latency_stats(lat)}
     return {
         "received": totals["received"],

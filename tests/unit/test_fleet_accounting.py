@@ -38,10 +38,11 @@ def test_known_sequence_counts_duplicates_order_and_latency() -> None:
     assert list(s["requests"]) == ["r1", "r2", "r3"]  # queue order
     r1 = s["requests"]["r1"]
     assert r1["count"] == 3 and r1["duplicates"] == 2 and r1["timestamped"]
+    assert r1["first_ms"] == 10.0  # the first receipt by any vehicle, from the send time
     # latencies 10, 20, 30 ms from the send time; duplicates are not latency samples
     assert r1["latency_ms"] == {"p50": 20.0, "p90": 30.0, "p99": 30.0, "max": 30.0}
     # r2 has no send time: measured from its first arrival (60 ms) -> 0 and 30 ms
-    assert s["requests"]["r2"] == {"count": 2, "duplicates": 0, "timestamped": False,
+    assert s["requests"]["r2"] == {"count": 2, "duplicates": 0, "timestamped": False, "first_ms": 0.0,
                                    "latency_ms": {"p50": 0.0, "p90": 30.0, "p99": 30.0, "max": 30.0}}
     assert s["requests"]["r3"]["latency_ms"] == {"p50": 0.0, "p90": 10.0, "p99": 10.0, "max": 10.0}
     # overall: 10 20 30 | 0 30 | 0 10 -> sorted 0 0 10 10 20 30 30
