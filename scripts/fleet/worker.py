@@ -61,6 +61,11 @@ class Worker:
         worker_id: process number, for the seed and logs.
     """
 
+    __slots__ = ("opts", "worker_id", "offset", "total", "counters", "rng", "ledger", "crash_rate", "max_packet_size",
+                 "ping_period", "_prefix", "pubacks", "_proc", "rss_base", "vehicles", "stopping", "open_transports",
+                 "errors", "first_connect_us", "last_first_connect_us", "start_us", "_pid", "_handshakes", "_sources",
+                 "_targets", "_pending", "_tasks", "loop", "_wake", "_slot", "_family")
+
     def __init__(self, opts: FleetOptions, vins: list[str], offset: int = 0, total: int | None = None,
                  worker_id: int = 0) -> None:
         self.opts = opts
@@ -76,9 +81,11 @@ class Worker:
                              seed=None if opts.seed is None else opts.seed + worker_id)
         self.crash_rate = opts.crash_rate
         self.max_packet_size = opts.max_packet_size
-        self.ping_period = opts.keepalive * 0.5 if opts.keepalive else float("inf")
-        if opts.heartbeat_interval > 0 and opts.heartbeat_interval <= self.ping_period:
-            self.ping_period = float("inf")  # heartbeats keep the connection alive
+        # PINGREQ every keepalive seconds (as paho does; the broker allows 1.5x), unless heartbeats are
+        # at least as frequent: any packet keeps the connection alive
+        self.ping_period = float(opts.keepalive) if opts.keepalive else float("inf")
+        if 0 < opts.heartbeat_interval * 1.1 <= self.ping_period:
+            self.ping_period = float("inf")
         head, sep, tail = opts.topic_prefix.partition("{VIN}")
         self._prefix = (head, tail + "/") if sep else (opts.topic_prefix + "/", None)
         self.pubacks = [b""] + [encode_puback(i) for i in range(1, 65536)]

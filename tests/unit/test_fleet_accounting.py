@@ -121,3 +121,25 @@ def test_payload_header_and_vins() -> None:
         make_vins("CAR", 2, start=99, digits=2)
     with pytest.raises(ValueError):
         make_vins("bad/prefix", 1)
+
+
+def test_source_addresses_descriptor_limit_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scripts.fleet import options as fleet_options
+    from scripts.fleet.options import FleetError, FleetOptions, raise_nofile, source_addresses
+
+    opts = FleetOptions(per_address=20_000)
+    assert source_addresses(opts, "127.0.0.1", 100_000) == [f"127.0.1.{i}" for i in range(1, 6)]
+    assert source_addresses(FleetOptions(per_address=1), "127.0.0.1", 256)[-3:] == ["127.0.1.254", "127.0.2.1", "127.0.2.2"]
+    assert source_addresses(opts, "10.0.0.5", 100_000) is None  # not loopback: the kernel chooses
+    assert source_addresses(FleetOptions(source_addresses="off"), "127.0.0.1", 10) is None
+    assert source_addresses(FleetOptions(source_addresses="10.1.0.10", per_address=5), "10.0.0.5", 12) == \
+        ["10.1.0.10", "10.1.0.11", "10.1.0.12"]
+    monkeypatch.setattr(fleet_options.resource, "getrlimit", lambda _: (1000, 1000))
+    with pytest.raises(FleetError, match=r"hard limit is 1000, below the 2064 .*--processes"):
+        raise_nofile(2064)
+    assert raise_nofile(900) == (1000, 1000)
+    for bad in (dict(crash_rate=1.5), dict(port=(1883, 0)), dict(password="x"), dict(topic_prefix="a/+/b"),
+                dict(source_addresses="nowhere"), dict(display="fancy")):
+        with pytest.raises(FleetError):
+            FleetOptions(**bad).validate()
+    FleetOptions(port=(1883, 1884)).validate()
