@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import structlog
 
 from fanout.mqtt.packets import Puback, Publish
+from scripts import mock_platform, mock_vehicles
 from scripts.fleet.payload import stamp
 from scripts.fleet.runner import run_fleet
 from scripts.fleet.vins import make_vins
@@ -180,7 +182,17 @@ def test_refused_connects_are_counted_and_retried_with_backoff(port: int) -> Non
     assert 9 <= s["connect_errors"] <= 12 and s["errors"] == {"CONNACK return code 4": s["connect_errors"]}
 
 
-def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path) -> None:
+@pytest.fixture
+def keep_logging(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """main() configures structlog for its process; in-process calls must not change the test session's
+    configuration, and their log lines must not land on the stdout the JSON summary is read from."""
+    monkeypatch.setattr("fanout.log.configure", lambda **_: None)
+    with structlog.testing.capture_logs() as logs:
+        yield logs
+
+
+def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 keep_logging: Any) -> None:
     script = REPO / "scripts" / "mock_vehicles.py"
     out = tmp_path / "summary.json"
     proc = subprocess.run([sys.executable, str(script), "--port", str(port), "--vin-prefix", "CLI", "--count", "5",
@@ -190,14 +202,16 @@ def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path) -> N
     summary = json.loads(proc.stdout)
     assert summary == json.loads(out.read_text())
     assert (summary["stop_reason"], summary["connected"], summary["subscribed"]) == ("duration", 5, 5)
-    # --expect not reached by --timeout: exit status 1, complete false
-    proc = subprocess.run([sys.executable, str(script), "--port", str(port), "--vin-prefix", "CLJ", "--count", "2",
-                           "--expect", "1", "--timeout", "0.5", "--display", "off"],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1 and json.loads(proc.stdout)["stop_reason"] == "timeout"
+    # --expect not reached by --timeout: exit status 1, complete false (main() in-process: no interpreter start-up)
+    assert mock_vehicles.main(["--port", str(port), "--vin-prefix", "CLJ", "--count", "2", "--expect", "1",
+                               "--timeout", "0.5", "--display", "off"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["stop_reason"], summary["complete"]) == ("timeout", False)
+    assert mock_vehicles.main(["--port", str(port), "--crash-rate", "2"]) == 2
 
 
-def test_mock_platform_sends_requests_and_fails_on_errors(port: int, tmp_path: Path) -> None:
+def test_mock_platform_sends_requests_and_fails_on_errors(port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         keep_logging: Any) -> None:
     script = REPO / "scripts" / "mock_platform.py"
     order = tmp_path / "order.txt"
     proc = subprocess.run([sys.executable, str(script), "--port", str(port), "--username", "platform", "--password",
@@ -210,9 +224,9 @@ def test_mock_platform_sends_requests_and_fails_on_errors(port: int, tmp_path: P
     assert s["request_ids"] == ["job-000001", "job-000002", "job-000003"] == order.read_text().split()
     assert s["outbox_dir"] is None
     # nothing listens on port 1: not acknowledged within --timeout -> exit 1, the outbox is kept
-    proc = subprocess.run([sys.executable, str(script), "--port", "1", "--count", "2", "--timeout", "0.5",
-                           "--outbox-dir", str(tmp_path / "outbox"), "--quiet"], capture_output=True, text=True, timeout=30)
-    s = json.loads(proc.stdout)
-    assert proc.returncode == 1 and (s["acked"], s["timed_out"]) == (0, 1) and s["outbox_dir"] == str(tmp_path / "outbox")
-    proc = subprocess.run([sys.executable, str(script), "--payload-size", "4"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "payload-size" in proc.stderr
+    assert mock_platform.main(["--port", "1", "--count", "2", "--timeout", "0.5", "--outbox-dir",
+                               str(tmp_path / "outbox"), "--quiet"]) == 1
+    s = json.loads(capsys.readouterr().out)
+    assert (s["acked"], s["timed_out"]) == (0, 1) and s["outbox_dir"] == str(tmp_path / "outbox")
+    assert mock_platform.main(["--payload-size", "4"]) == 2
+    assert "payload-size" in capsys.readouterr().err
