@@ -21,6 +21,7 @@ import queue
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -300,7 +301,10 @@ def cli_broker(*args: str, timeout: float = 20.0, env: dict | None = None) -> It
     """Run ``fanout broker --host 127.0.0.1 --port 0 *args``; yield (process, url) once ready; always terminate."""
     cmd = [sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())",
            "broker", "--host", HOST, "--port", "0", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # stderr (the logs) goes to a file, not a pipe: nobody drains a pipe after the ready line, and a
+    # broker logging more than a pipe buffer (~64 KB) would block on write and hang the test.
+    err_file = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err_file, text=True,
                             env={**os.environ, "FANOUT_LOG_JSON": "1", **(env or {})})
     try:
         line: list[str] = []
@@ -309,7 +313,9 @@ def cli_broker(*args: str, timeout: float = 20.0, env: dict | None = None) -> It
         reader.join(timeout)
         if not line or not line[0].startswith("fanout broker ready mqtt://"):
             proc.kill()
-            _, err = proc.communicate(timeout=5)
+            proc.wait(5)
+            err_file.seek(0)
+            err = err_file.read()
             raise AssertionError(f"no ready line from fanout broker: {line!r}\nstderr: {err[-2000:]}")
         yield proc, line[0].strip().split(" ")[-1]
     finally:
@@ -320,9 +326,9 @@ def cli_broker(*args: str, timeout: float = 20.0, env: dict | None = None) -> It
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        for f in (proc.stdout, proc.stderr):
-            if f is not None:
-                f.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        err_file.close()
 
 
 def url_port(url: str) -> int:
