@@ -130,6 +130,8 @@ async def test_broker_stopped_during_1000_submissions_then_restarted(client_brok
     # The watcher is our window on the broker. A trigger the old broker acknowledged while it was
     # shutting down may not have been forwarded to the watcher any more: that is the broker's stop,
     # not the client (which got its PUBACK). Everything else must be there.
+    if missing:
+        print("watcher missed, acknowledged by the old broker during its stop:", sorted(missing))
     assert missing <= acked_by_old_broker and len(missing) <= 64, sorted(missing)
     first_seen = list(dict.fromkeys(ids))
     assert first_seen == [rid for rid in expected if rid not in missing]  # first deliveries in submission order
