@@ -39,10 +39,10 @@ from fanout.client.errors import FanoutClosed
 from fanout.client.handle import COLD, HOT, ClientStatus, SubmitHandle
 from fanout.client.inflight import Inflight
 from fanout.client.outbox import DEFAULT_OUTBOX_DIR, DeadLetter, Outbox, WriteBatch, now_ms
+from fanout.client.pump import Pump
 from fanout.client.ring import Ring
 from fanout.client.submission import Submission, make_submission
 from fanout.client.transport import Connection
-from fanout.client.pump import Pump
 from fanout.client.writer import GroupWriter
 
 log = structlog.get_logger(__name__)
