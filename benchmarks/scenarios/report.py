@@ -1,0 +1,91 @@
+"""Running phases one by one and turning their figures into a result: attempts, machine load, ratios, targets.
+
+- :func:`attempt` runs one phase (a coroutine factory) on a fresh event loop after waiting (bounded) for
+  the machine to be quiet, records the machine-wide CPU use during the phase next to its figures, and
+  turns an exception into an entry of ``errors`` so the next phase still runs.
+- :func:`dirty_sources`: uncommitted files of the code under test, recorded with every result (several
+  engineers change it while benchmarks run).
+- :func:`ratio`, :func:`at_least`, :func:`at_most`: None-tolerant helpers for ``ratios`` and
+  ``targets_met`` (a missing figure gives None, never a fake pass or fail).
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+import traceback
+from typing import Any, Awaitable, Callable
+
+import psutil
+
+from ..common import REPO, wait_for_quiet
+from ..loadgen import run_async
+
+
+def log(name: str, msg: str) -> None:
+    """Progress line of benchmark ``name`` on stdout (the benchmark's own output, not library logging)."""
+    print(f"[{name}] {msg}", flush=True)
+
+
+def _busy_s() -> tuple[float, float]:
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), time.monotonic()
+
+
+def attempt(name: str, what: str, make: Callable[[], Awaitable[dict[str, Any]]], errors: dict[str, str], *,
+            quiet_wait_s: float = 0.0, show: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """Run phase ``what`` and return its figures (None when it failed; the reason goes to ``errors``).
+
+    Adds ``machine_busy_pct_before`` (when waiting for quiet) and ``machine_busy_pct_during`` (all CPUs of
+    the machine, every process: the benchmark's own load plus any neighbour's).
+    """
+    busy_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
+    b0, t0 = _busy_s()
+    try:
+        figures = run_async(make())
+    except Exception as exc:  # one failed phase must not stop the others
+        errors[what] = f"{type(exc).__name__}: {exc}"
+        log(name, f"{what}: FAILED {errors[what]}")
+        traceback.print_exc()
+        return None
+    b1, t1 = _busy_s()
+    cpus = psutil.cpu_count() or 1
+    figures["machine_busy_pct_during"] = round(100.0 * (b1 - b0) / ((t1 - t0) * cpus), 1) if t1 > t0 else None
+    if busy_before is not None:
+        figures["machine_busy_pct_before"] = round(busy_before, 1)
+    shown = ", ".join(f"{k}={figures[k]:,.2f}" if isinstance(figures.get(k), float) else f"{k}={figures.get(k)}"
+                      for k in show if k in figures)
+    log(name, f"{what} ({t1 - t0:.1f} s): {shown}")
+    return figures
+
+
+def dirty_sources() -> list[str]:
+    """Files under the code the benchmark exercises that differ from the commit (``git status``)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "fanout", "actors", "storage", "cluster", "scripts"],
+                             cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line[3:] for line in out.stdout.splitlines() if line[3:]] if out.returncode == 0 else []
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    """a / b rounded to 3 decimals, or None when either is missing or b is 0."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and b:
+        return round(a / b, 3)
+    return None
+
+
+def at_least(v: Any, lo: float) -> bool | None:
+    return None if not isinstance(v, (int, float)) or isinstance(v, bool) else v >= lo
+
+
+def at_most(v: Any, hi: float) -> bool | None:
+    return None if not isinstance(v, (int, float)) or isinstance(v, bool) else v <= hi
+
+
+def get(d: dict[str, Any] | None, key: str) -> Any:
+    """``d[key]`` or None when the phase (``d``) is missing."""
+    return None if d is None else d.get(key)
+
+
+__all__ = ["attempt", "dirty_sources", "ratio", "at_least", "at_most", "get", "log"]
