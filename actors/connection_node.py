@@ -80,6 +80,9 @@ class ConnectionNode:
         self._flush_handle: asyncio.Handle | None = None
         self._fanout_sys: dict[str, Any] = {}
         self._stopping = False
+        self._deliver_s = 0.0
+        self._deliver_calls = 0
+        self._event_calls = 0
         self._loop = asyncio.get_event_loop()
         self._start_task = self._loop.create_task(self._start())
         self._route_task: asyncio.Task | None = None
@@ -140,7 +143,11 @@ class ConnectionNode:
         """Deliver a dispatcher's batch; returns the failed sends (see :mod:`fanout.wire`)."""
         if self.server is None:
             return [(s[0], s[1], s[2], 2) for s in sends]
-        return self.edge.apply_deliveries(sends, payloads, kicks)
+        started = time.perf_counter()
+        failures = self.edge.apply_deliveries(sends, payloads, kicks)
+        self._deliver_s += time.perf_counter() - started
+        self._deliver_calls += 1
+        return failures
 
     async def kick(self, client_ids: list[str]) -> int:
         """Close the live connections of these client ids (any generation)."""
@@ -177,7 +184,9 @@ class ConnectionNode:
     async def stats(self) -> dict[str, Any]:
         """Node counters for ``fanout status``."""
         port = self.server.port if self.server is not None else self._port
-        return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats()}
+        return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats(),
+                "deliver_calls": self._deliver_calls, "event_calls": self._event_calls,
+                "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2)}
 
     async def generation_of(self, client_id: str) -> int | None:
         return self.edge.generation_of(client_id)
@@ -198,6 +207,7 @@ class ConnectionNode:
         if edge.has_events():
             for shard, events in edge.take_events(self._events_busy).items():
                 self._events_busy.add(shard)
+                self._event_calls += 1
                 loop.create_task(self._send_events(shard, events))
         if edge.has_tickets() and (self._ingest_task is None or self._ingest_task.done()):
             self._ingest_task = loop.create_task(self._run_ingest())

@@ -154,6 +154,7 @@ class ShardCore:
         self._known: set[str] = set()
         self.events_in = 0
         self.rows_enqueued = 0
+        self.commits = 0
         self.takeovers = 0
         self.discarded = 0
 
@@ -269,14 +270,17 @@ class ShardCore:
             results.append({"vins": len(vins)})
         return batch, results, vin_lists
 
-    def ingested(self, vin_lists: list[list[str]], counts: dict[str, int] | None = None) -> int:
+    def applied(self, counts: dict[str, int]) -> None:
+        """Counters of one commit (``ShardStore.apply`` result), for stats."""
+        self.rows_enqueued += counts.get("enqueue_new", 0)
+        self.commits += 1
+
+    def ingested(self, vin_lists: list[list[str]]) -> int:
         """After :meth:`ingest_batch` was applied: trigger "new batch" dispatch.
 
         Returns:
             How many VINs were ready to receive (a send was attempted).
         """
-        if counts:
-            self.rows_enqueued += counts.get("enqueue_new", 0)
         n = 0
         for vins in vin_lists:
             ready = self.vd.ready_vins(vins)
@@ -401,6 +405,7 @@ class ShardCore:
             "stale_events": st.stale_events,
             "events": self.events_in,
             "rows_enqueued": self.rows_enqueued,
+            "commits": self.commits,
             "takeovers": self.takeovers,
             "clients": len(self._clients),
             "applied_seq": ss["applied_seq"],

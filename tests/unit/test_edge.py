@@ -52,8 +52,9 @@ class FakeLink:
         self.calls.append(("ingest", shard))
         core = self.cores[shard]
         batch, results, vin_lists = core.ingest_batch(items)
-        counts = core.store.apply(batch).counts if batch else {}
-        core.ingested(vin_lists, counts)
+        if batch:
+            core.applied(core.store.apply(batch).counts)
+        core.ingested(vin_lists)
         return results
 
 
