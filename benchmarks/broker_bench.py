@@ -54,6 +54,7 @@ NAME = "broker_bench"
 # Below this many clock ticks of broker CPU in a run, CPU comes from schedstat (ns) instead of
 # /proc/<pid>/stat utime+stime (10 ms ticks here).
 MIN_CPU_TICKS = 50
+WARMUP_MAX_S = 3.0  # warm-up traffic before each measured run stops after this long
 
 TARGETS = {"throughput_vs_mosquitto_min": 0.8, "cpu_us_per_msg_max": 15.0, "rss_per_conn_bytes_max": 6144}
 
@@ -151,7 +152,7 @@ async def scenario_1to1(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
     try:
         await sub.subscribe("bench/one", STALL_S)
         topics = [b"bench/one"]
-        await _pump(broker, pub, tally, sizes.warmup, topics, "warmup", None)
+        await _pump(broker, pub, tally, sizes.warmup, topics, "warmup", WARMUP_MAX_S)
         return await _pump(broker, pub, tally, sizes.messages_1to1, topics, "1to1", sizes.max_run_s)
     finally:
         close_all([pub, sub])
@@ -170,7 +171,7 @@ async def scenario_1toN(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
         pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub"), STALL_S)
         clients.append(pub)
         topics = [f"bench/fan/{i}".encode() for i in range(n)]
-        await _pump(broker, pub, tally, max(sizes.warmup, n), topics, "warmup", None)
+        await _pump(broker, pub, tally, max(sizes.warmup, n), topics, "warmup", WARMUP_MAX_S)
         return await _pump(broker, pub, tally, sizes.messages_1toN, topics, "1toN", sizes.max_run_s)
     finally:
         close_all(clients)
@@ -288,6 +289,21 @@ def aggregate(rounds: list[dict[str, Any]], idle: dict[str, Any]) -> dict[str, A
     return out
 
 
+# ratio name -> (figure, peer); each is this broker's figure divided by the peer's.
+_RATIO_DEFS: dict[str, tuple[str, str]] = {
+    "throughput_1to1_vs_mosquitto": ("throughput_1to1_msg_s", "mosquitto"),
+    "throughput_1toN_vs_mosquitto": ("throughput_1toN_msg_s", "mosquitto"),
+    "paho_throughput_1to1_vs_mosquitto": ("paho_throughput_1to1_msg_s", "mosquitto"),
+    "cpu_us_per_msg_vs_mosquitto": ("cpu_us_per_msg_1to1", "mosquitto"),
+    "cpu_us_per_msg_1toN_vs_mosquitto": ("cpu_us_per_msg_1toN", "mosquitto"),
+    "rss_per_conn_vs_mosquitto": ("rss_per_conn_bytes", "mosquitto"),
+    "throughput_1to1_vs_amqtt": ("throughput_1to1_msg_s", "amqtt"),
+    "throughput_1toN_vs_amqtt": ("throughput_1toN_msg_s", "amqtt"),
+    "cpu_us_per_msg_vs_amqtt": ("cpu_us_per_msg_1to1", "amqtt"),
+    "rss_per_conn_vs_amqtt": ("rss_per_conn_bytes", "amqtt"),
+}
+
+
 def _ratio(a: Any, b: Any) -> float | None:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
         return a / b
@@ -295,23 +311,18 @@ def _ratio(a: Any, b: Any) -> float | None:
 
 
 def compute_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """This broker's figures divided by each peer's (>1 = higher; for CPU and RSS lower is better)."""
+    """This broker's figures divided by each peer's (>1 = higher; for CPU and RSS lower is better).
+
+    A figure measured in rounds gives the median of the per-round ratios (within a round the systems
+    run back to back, so a slow drift in background load cancels out); others divide the figures.
+    """
     ours = systems.get("fanout", {})
     out: dict[str, float | None] = {}
-    for peer in ("mosquitto", "amqtt"):
+    for name, (key, peer) in _RATIO_DEFS.items():
         theirs = systems.get(peer, {})
-        out[f"throughput_1to1_vs_{peer}"] = _ratio(ours.get("throughput_1to1_msg_s"),
-                                                   theirs.get("throughput_1to1_msg_s"))
-        out[f"throughput_1toN_vs_{peer}"] = _ratio(ours.get("throughput_1toN_msg_s"),
-                                                   theirs.get("throughput_1toN_msg_s"))
-        out[f"cpu_us_per_msg_vs_{peer}"] = _ratio(ours.get("cpu_us_per_msg_1to1"),
-                                                  theirs.get("cpu_us_per_msg_1to1"))
-        out[f"rss_per_conn_vs_{peer}"] = _ratio(ours.get("rss_per_conn_bytes"), theirs.get("rss_per_conn_bytes"))
-    mosq = systems.get("mosquitto", {})
-    out["paho_throughput_1to1_vs_mosquitto"] = _ratio(ours.get("paho_throughput_1to1_msg_s"),
-                                                      mosq.get("paho_throughput_1to1_msg_s"))
-    out["cpu_us_per_msg_1toN_vs_mosquitto"] = _ratio(ours.get("cpu_us_per_msg_1toN"),
-                                                     mosq.get("cpu_us_per_msg_1toN"))
+        paired = [_ratio(a.get(key), b.get(key)) for a, b in zip(ours.get("rounds", []), theirs.get("rounds", []))]
+        values = [v for v in paired if v is not None]
+        out[name] = statistics.median(values) if values else _ratio(ours.get(key), theirs.get(key))
     return {k: out[k] for k in RATIOS}
 
 
@@ -391,7 +402,8 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "TCP_NODELAY (set_tcp_nodelay for Mosquitto).",
         f"(a), paho (a) and (b) run in {sizes.rounds} round(s) interleaved over the systems, each round on a "
         "fresh broker process; figures are medians over rounds (each round's values under 'rounds'); "
-        "(d) runs once on a fresh broker.",
+        "ratios of such figures are medians of the per-round ratios, so they need not equal the ratio of "
+        "the medians; (d) runs once on a fresh broker.",
         f"The publisher keeps {WINDOW} publishes unacknowledged and at most {MAX_UNDELIVERED} undelivered; "
         "latency percentiles are therefore the time a message waits behind up to that many others.",
         f"A (a)/(b)/paho run stops publishing after {sizes.max_run_s:.0f} s (time_capped_* = true) and its "
@@ -412,7 +424,8 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "machine": machine_info(),
         "versions": versions(),
         "params": {**asdict(sizes), "window": WINDOW, "max_undelivered": MAX_UNDELIVERED,
-                   "payload_bytes": PAYLOAD_SIZE, "qos": 1, "broker_inflight_window": INFLIGHT_WINDOW, "nofile_soft": soft, "nofile_hard": hard,
+                   "payload_bytes": PAYLOAD_SIZE, "qos": 1, "broker_inflight_window": INFLIGHT_WINDOW,
+                   "nofile_soft": soft, "nofile_hard": hard, "warmup_max_s": WARMUP_MAX_S,
                    "stall_timeout_s": STALL_S, "generator": "asyncio + uvloop, fanout.mqtt.codec, one process"},
         "targets": TARGETS,
         "notes": notes,
