@@ -2,13 +2,15 @@
 
 Strategy: one ``asyncio.Protocol`` per connection (:class:`LeanClient`), no tasks or streams per
 connection, so one generator process drives thousands of connections and tens of thousands of
-messages per second. A publisher keeps a window of ``WINDOW`` unacknowledged QoS 1 publishes (refilled
-from ``data_received`` as PUBACKs arrive, one ``write`` per refill); a subscriber PUBACKs every QoS 1
-PUBLISH a read returned in one ``write`` (PUBACK bytes are prebuilt per packet id) and counts it in a
-shared :class:`Tally`. Each payload starts with the send time (``perf_counter_ns``), so end-to-end
-latency needs no extra packets. Every wait is bounded by progress (:func:`bounded`): a run that stops
-moving for ``STALL_S`` seconds raises ``TimeoutError`` instead of hanging. The same code drives every
-broker, so the generator's own cost is the same for all of them.
+messages per second. A publisher keeps a window of ``WINDOW`` QoS 1 publishes unacknowledged by the
+broker and at most ``MAX_UNDELIVERED`` not yet received by the subscribers (refilled from
+``data_received`` as PUBACKs or deliveries arrive, one ``write`` per refill); a subscriber PUBACKs every
+QoS 1 PUBLISH a read returned in one ``write`` (PUBACK bytes are prebuilt per packet id) and counts it
+in a shared :class:`Tally`. Each payload starts with the send time (``perf_counter_ns``), so
+end-to-end latency needs no extra packets. Every wait is bounded by progress (:func:`bounded`,
+:func:`wait_progress`): a run that stops moving for ``STALL_S`` seconds raises ``TimeoutError``
+instead of hanging. The same code drives every broker, so the generator's own cost is the same for
+all of them. :func:`paho_1to1` drives the same 1 -> 1 load through paho-mqtt clients.
 """
 from __future__ import annotations
 
@@ -205,16 +207,25 @@ async def connect(host: str, port: int, factory: Callable[[], LeanClient], timeo
 
 async def connect_many(host: str, port: int, factories: Sequence[Callable[[], LeanClient]],
                        progress: list[int]) -> list[LeanClient]:
-    """Connect one client per factory, ``CONNECT_CONCURRENCY`` at a time; ``progress[0]`` counts them."""
+    """Connect one client per factory, ``CONNECT_CONCURRENCY`` at a time; ``progress[0]`` counts them.
+
+    On any failure the clients already connected are closed before the error propagates.
+    """
     sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    made: list[LeanClient] = []
 
     async def one(factory: Callable[[], LeanClient]) -> LeanClient:
         async with sem:
             client = await connect(host, port, factory, STALL_S)
+            made.append(client)
             progress[0] += 1
             return client
 
-    return list(await bounded(asyncio.gather(*(one(f) for f in factories)), lambda: progress[0]))
+    try:
+        return list(await bounded(asyncio.gather(*(one(f) for f in factories)), lambda: progress[0]))
+    except BaseException:
+        close_all(made)
+        raise
 
 
 async def wait_progress(fut: asyncio.Future[None], progress: Callable[[], int], stall_s: float = STALL_S,
