@@ -149,6 +149,16 @@ class ConnectionNode:
         self._deliver_calls += 1
         return failures
 
+    async def resync(self, shard: int) -> int:
+        """A dispatcher restarted: resend the connections this node holds for its shard.
+
+        Returns:
+            The number of connections resent.
+        """
+        n = len(self.edge.sync_events(shard))
+        self._schedule_flush()
+        return n
+
     async def kick(self, client_ids: list[str]) -> int:
         """Close the live connections of these client ids (any generation)."""
         return self.edge.kick([(cid, None) for cid in client_ids])

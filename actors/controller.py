@@ -98,7 +98,7 @@ class Controller:
         self.dispatchers = [
             Dispatcher.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray_nodes[k % len(ray_nodes)]["NodeID"], soft=False),
-            ).remote(cfg, k, shards, self.data_dir)
+            ).remote(cfg, k, shards, self.data_dir, ray.get_runtime_context().get_actor_name())
             for k in range(shards)
         ]
         await asyncio.gather(*(d.ready.remote() for d in self.dispatchers))

@@ -56,9 +56,11 @@ class Dispatcher:
         shard: this shard's index.
         shards: the pool size.
         data_dir: root of the shard directories.
+        controller: name of the Controller actor (namespace ``sdv-fanout``); a restarted dispatcher asks it
+            for the connection nodes and asks each node to resend its connections of this shard.
     """
 
-    def __init__(self, config: Any, shard: int, shards: int, data_dir: str) -> None:
+    def __init__(self, config: Any, shard: int, shards: int, data_dir: str, controller: str | None = None) -> None:
         fanout_log.ensure_configured()
         self.config = config
         self.shard = shard
@@ -80,7 +82,12 @@ class Dispatcher:
         self._writing = False
         self._closed = False
         self._wake = asyncio.Event()
-        self._task = asyncio.get_event_loop().create_task(self._run())
+        self._controller = controller
+        loop = asyncio.get_event_loop()
+        self._task = loop.create_task(self._run())
+        self._recovery: asyncio.Task | None = None
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._recovery = loop.create_task(self._recover())
         log.info("dispatcher started", shard=shard, shards=shards, path=str(path), incarnation=self.incarnation,
                  applied_seq=self.store.applied_seq, pid=os.getpid())
 
@@ -94,6 +101,29 @@ class Dispatcher:
         """Raises if the tick task died (Ray then restarts the actor)."""
         if self._task.done() and not self._closed:
             raise RuntimeError(f"dispatcher {self.shard} tick task ended: {self._task.exception()!r}")
+
+    async def _recover(self) -> None:
+        """After a restart: get the node handles from the controller, ask every node to resync this shard."""
+        from actors.controller import NAMESPACE
+
+        if not self._controller:
+            log.warning("restarted dispatcher has no controller to recover from", shard=self.shard)
+            return
+        for attempt in range(30):
+            try:
+                controller = ray.get_actor(self._controller, namespace=NAMESPACE)
+                nodes = (await controller.handles.remote())["nodes"]
+                break
+            except Exception as exc:
+                log.warning("dispatcher recovery: controller not reachable yet", shard=self.shard, error=str(exc)[:200])
+                await asyncio.sleep(min(5.0, 0.2 * (attempt + 1)))
+        else:
+            return
+        self._nodes = dict(nodes)
+        await asyncio.gather(*(h.resync.remote(self.shard) for h in self._nodes.values()), return_exceptions=True)
+        log.warning("dispatcher restarted and resynced", shard=self.shard, nodes=sorted(self._nodes),
+                    incarnation=self.incarnation)
+        self._kick()
 
     async def set_nodes(self, nodes: dict[str, Any]) -> None:
         """The connection nodes (``{node_id: handle}``); a node missing from the new map is down."""
@@ -177,17 +207,22 @@ class Dispatcher:
         return {"applied_seq": self.store.applied_seq, "counts": counts}
 
     async def export_snapshot(self, out_dir: str) -> dict[str, Any]:
-        """Export this shard for the Spark jobs (``storage.jobs.export``, imported lazily).
+        """Export this shard for the Spark jobs (``storage.jobs.export.export_shard``, imported lazily): one
+        read transaction, off the event loop, concurrent with the writer.
+
+        Returns:
+            The ``ExportInfo`` as a dict (watermark ``applied_seq``, rows per table).
 
         Raises:
             RuntimeError: the export module is not available yet.
         """
         try:
-            from storage.jobs import export  # type: ignore[attr-defined]
+            from storage.jobs import export
         except ImportError as exc:
             raise RuntimeError("storage.jobs.export is not available in this build") from exc
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, export.export_shard, self.store, out_dir)  # type: ignore[attr-defined]
+        info = await loop.run_in_executor(None, export.export_shard, self.store, out_dir)
+        return info.as_dict() if hasattr(info, "as_dict") else dict(info)
 
     # -- introspection ----------------------------------------------------------------------------------------
 
@@ -289,8 +324,7 @@ class Dispatcher:
                 continue  # pipelined into the next call
             handle = self._nodes.get(node)
             if handle is None:
-                core.node_down(node)
-                continue
+                continue  # not wired yet (restart recovery in progress): the sends wait
             sends, payloads, kicks = core.take_node_batch(node)
             self._calls[node] = self._calls.get(node, 0) + 1
             self._calls_out += 1
