@@ -4,16 +4,22 @@ Strategy: the cycle only orchestrates; each stage is its own module (``export``,
 ``apply``) and the shards are reached through a small ``GcTarget`` interface, so the same code
 runs offline (``LocalShards``: stores opened in this process, e.g. ``fanout gc --data-dir`` on a
 stopped cluster) and in the live cluster (the Controller's target asks each shard's Dispatcher to
-export its snapshot and ships the plan's WriteBatches to the primary, which replicates them). The
-stages never overlap: the plan is computed from a finished export, and the apply stage only issues
-guarded ops (see ``storage.jobs.apply``), so writes that keep arriving during the cycle are safe.
-Per-stage timings and counts come back as a ``GcSummary`` and go to ``<work_dir>/last_gc.json``.
+export its snapshot and ships the plan's WriteBatches to the primary, which replicates them).
+
+Shards are independent (a plan never relates two shards), so the cycle is a pipeline: Spark starts
+and plans shard k on a planner thread while this thread exports shard k+1, and shard k is applied
+while Spark plans shard k+1 -- Python (export, apply) and the JVM (plan) use different cores. A
+shard's plan always comes from its finished export, and the apply only issues guarded ops (see
+``storage.jobs.apply``), so writes that keep arriving during the cycle are safe. Per-stage busy
+times (stages of different shards overlap, so they add up to more than the wall time ``total``)
+and counts come back as a ``GcSummary`` and go to ``<work_dir>/last_gc.json``.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, runtime_checkable
@@ -23,7 +29,7 @@ import structlog
 from storage.batch import WriteBatch
 from storage.jobs.apply import DEFAULT_CHUNK_OPS, ApplyInfo, apply_batches, resume_chunk
 from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS, export_shard
-from storage.jobs.plan import compute_plan
+from storage.jobs.plan import PlanInfo, compute_plan, read_plan
 from storage.shard import ShardStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -263,43 +269,67 @@ def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress
     retention = int(config.fanout.data_retention_ms)
     summary = GcSummary(now_ms=now, cutoff_ms=now - retention, retention_ms=retention, dry_run=dry_run,
                         work_dir=str(work), shards=target.shard_ids())
+    summary.stage_s.update(export=0.0, spark=0.0, plan=0.0, apply=0.0)
     snapshot_dir, plan_dir = work / SNAPSHOT_SUBDIR, work / PLAN_SUBDIR
+    n = len(summary.shards)
     started = time.perf_counter()
     log.info("gc_cycle_started", now_ms=now, retention_ms=retention, shards=summary.shards, dry_run=dry_run,
              work_dir=str(work))
+    planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc-plan")
+    state: dict[str, Any] = {"spark": spark, "plan_id": None, "planned": 0}
 
-    t0 = time.perf_counter()
-    report("export", 0, len(summary.shards))
-    for i, shard_id in enumerate(summary.shards, 1):
-        summary.exported[shard_id] = dict(target.export(shard_id, str(snapshot_dir)))
-        report("export", i, len(summary.shards))
-    summary.stage_s["export"] = time.perf_counter() - t0
+    def start_spark() -> None:  # on the planner thread, while the first shard is exported
+        if state["spark"] is None:
+            t = time.perf_counter()
+            report("spark", 0, 1)
+            from storage.jobs.spark import get_spark
 
-    t0 = time.perf_counter()
-    report("spark", 0, 1)
-    if spark is None:
-        from storage.jobs.spark import get_spark
+            state["spark"] = get_spark(config)
+            summary.stage_s["spark"] = time.perf_counter() - t
+        report("spark", 1, 1)
 
-        spark = get_spark(config)
-    report("spark", 1, 1)
-    summary.stage_s["spark"] = time.perf_counter() - t0
+    def plan_shard(shard_id: int) -> PlanInfo:  # on the planner thread, one shard after the other
+        if state["spark"] is None:  # start_spark failed: fail here, where the caller sees it
+            start_spark()
+        t = time.perf_counter()
+        info = compute_plan(state["spark"], snapshot_dir, plan_dir, now_ms=now, retention_ms=retention,
+                            dedup_content=bool(config.gc.dedup_content), shards=[shard_id], plan_id=state["plan_id"])
+        state["plan_id"] = info.plan_id
+        summary.stage_s["plan"] += time.perf_counter() - t
+        state["planned"] += 1
+        report("plan", state["planned"], n)
+        return info
 
-    t0 = time.perf_counter()
-    report("plan", 0, 1)
-    plan = compute_plan(spark, snapshot_dir, plan_dir, now_ms=now, retention_ms=retention,
-                        dedup_content=bool(config.gc.dedup_content))
+    try:
+        # export shard k+1 (this thread) while Spark plans shard k (planner thread), and apply shard
+        # k while Spark plans shard k+1: the stages of different shards overlap
+        report("export", 0, n)
+        planner.submit(start_spark)
+        report("plan", 0, n)
+        futures = []
+        for i, shard_id in enumerate(summary.shards, 1):
+            t = time.perf_counter()
+            summary.exported[shard_id] = dict(target.export(shard_id, str(snapshot_dir)))
+            summary.stage_s["export"] += time.perf_counter() - t
+            report("export", i, n)
+            futures.append(planner.submit(plan_shard, shard_id))
+        done_ops = 0
+        for shard_id, future in zip(summary.shards, futures):
+            plan = future.result()
+            if not dry_run:
+                t = time.perf_counter()
+                done_ops = _apply_shard(target, plan, plan_dir, shard_id, summary, report, chunk_ops, done_ops)
+                summary.stage_s["apply"] += time.perf_counter() - t
+    finally:
+        planner.shutdown(wait=True, cancel_futures=True)
+    plan = read_plan(plan_dir)
     summary.plan_id = plan.plan_id
     for counts in plan.counts.values():
-        for key, n in counts.items():
-            summary.planned[key] = summary.planned.get(key, 0) + n
+        for key, count in counts.items():
+            summary.planned[key] = summary.planned.get(key, 0) + count
     summary.content_dup_groups = sum(plan.content_dup_groups.values())
-    report("plan", 1, 1)
-    summary.stage_s["plan"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    if not dry_run:
-        _apply_all(target, plan, plan_dir, summary, report, chunk_ops)
-        summary.stage_s["apply"] = time.perf_counter() - t0
+    if dry_run:
+        del summary.stage_s["apply"]
     summary.stage_s["total"] = time.perf_counter() - started
     _write_summary(work / SUMMARY_FILE, summary)
     log.info("gc_cycle_done", plan_id=plan.plan_id, dry_run=dry_run, exported_rows=summary.exported_rows,
@@ -309,33 +339,27 @@ def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress
     return summary
 
 
-def _apply_all(target: GcTarget, plan: Any, plan_dir: Path, summary: GcSummary,
-               report: GcProgress, chunk_ops: int) -> None:
-    total = plan.total()
-    base = 0
-    report("apply", 0, total)
-    for shard_id in summary.shards:
-        shard_total = sum(plan.counts.get(shard_id, {}).values())
-        mark = plan.watermarks.get(shard_id)
-        if mark is None or shard_total == 0:
-            summary.applied[shard_id] = ApplyInfo(shard_id, plan.plan_id).as_dict()
-            continue
-        seq = target.applied_seq(shard_id)
-        if seq < int(mark["applied_seq"]):
-            summary.refused[shard_id] = f"shard at seq {seq}, below the plan's watermark {mark['applied_seq']}"
-            log.warning("gc_plan_refused", shard=shard_id, applied_seq=seq, watermark=mark["applied_seq"])
-            base += shard_total
-            continue
-        start = target.resume_chunk(shard_id, plan.plan_id) if hasattr(target, "resume_chunk") else 0
-
-        def shard_progress(_shard: int, done: int, _total: int, _base: int = base) -> None:
-            report("apply", _base + done, total)
-
-        info = apply_batches(lambda b, _k=shard_id: target.apply(_k, b), plan_dir, shard_id,
-                             chunk_ops=chunk_ops, start_chunk=start, progress=shard_progress)
-        summary.applied[shard_id] = info.as_dict()
-        base += shard_total
-    report("apply", total, total)
+def _apply_shard(target: GcTarget, plan: PlanInfo, plan_dir: Path, shard_id: int, summary: GcSummary,
+                 report: GcProgress, chunk_ops: int, done_ops: int) -> int:
+    """Apply one shard's part of the plan (unless the shard fell behind its watermark); returns ops done."""
+    planned_total = sum(sum(c.values()) for c in plan.counts.values())
+    shard_total = sum(plan.counts.get(shard_id, {}).values())
+    mark = plan.watermarks[shard_id]
+    if shard_total == 0:
+        summary.applied[shard_id] = ApplyInfo(shard_id, plan.plan_id).as_dict()
+        report("apply", done_ops, planned_total)
+        return done_ops
+    seq = target.applied_seq(shard_id)
+    if seq < int(mark["applied_seq"]):
+        summary.refused[shard_id] = f"shard at seq {seq}, below the plan's watermark {mark['applied_seq']}"
+        log.warning("gc_plan_refused", shard=shard_id, applied_seq=seq, watermark=mark["applied_seq"])
+        return done_ops + shard_total
+    start = target.resume_chunk(shard_id, plan.plan_id) if hasattr(target, "resume_chunk") else 0
+    info = apply_batches(lambda b: target.apply(shard_id, b), plan_dir, shard_id, chunk_ops=chunk_ops,
+                         start_chunk=start,
+                         progress=lambda _k, done, _t: report("apply", done_ops + done, planned_total))
+    summary.applied[shard_id] = info.as_dict()
+    return done_ops + shard_total
 
 
 def _write_summary(path: Path, summary: GcSummary) -> None:

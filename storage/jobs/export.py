@@ -51,7 +51,8 @@ DEFAULT_ROW_GROUP_ROWS = 262_144
 
 SCHEMAS: dict[str, pa.Schema] = {
     tables.IDS: pa.schema(
-        [("vin", pa.string()), ("ts_ms", pa.int64()), ("request_id", pa.string()), ("data_id", pa.string())]
+        [("vin", pa.string()), ("ts_ms", pa.int64()), ("request_id", pa.string()), ("data_id", pa.string()),
+         ("maybe_dup", pa.bool_())]
     ),
     tables.REQS: pa.schema(
         [
@@ -67,7 +68,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         [("data_id", pa.string()), ("ts_ms", pa.int64()), ("size", pa.int64()), ("sha1", pa.string())]
     ),
 }
-"""Column schema of each exported table (the ``shard`` column comes from the directory name)."""
+"""Column schema of each exported table (the ``shard`` column comes from the directory name).
+
+``ids.maybe_dup`` is a pre-filter for the plan's duplicate search, computed while the rows stream
+by in key order: True when the row's ``(vin, request_id)`` has another row in the same chunk, and
+(conservatively) for every row of the first and last VIN of a chunk, whose rows may continue in
+the neighbouring chunk. A row with ``maybe_dup`` False has no other row with its ``(vin,
+request_id)`` in the shard, so it cannot be a duplicate; the plan groups only the flagged rows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,15 +265,32 @@ def _distinct_values(vs: list[bytes]) -> tuple[list[Any], pa.Array]:
 def _decode_ids(ks: list[bytes], vs: list[bytes]) -> pa.Table:
     vin, rest = _split_key(ks)
     uniques, idx = _distinct_values(vs)
+    request_id = pc.binary_slice(rest, 8, 8 + keys.MAX_REQUEST_ID_BYTES)
     return pa.Table.from_arrays(
         [
             vin.cast(pa.string()),
             _be_u64(pc.binary_slice(rest, 0, 8)),
-            pc.binary_slice(rest, 8, 8 + keys.MAX_REQUEST_ID_BYTES).cast(pa.string()),
+            request_id.cast(pa.string()),
             pc.take(pa.array(uniques, pa.string()), idx),
+            _maybe_dup(vin, request_id),
         ],
         schema=SCHEMAS[tables.IDS],
     )
+
+
+def _maybe_dup(vin: pa.Array, request_id: pa.Array) -> pa.Array:
+    """``ids.maybe_dup`` of one chunk (see ``SCHEMAS``): rows are in key order, so a VIN is one run."""
+    n = len(vin)
+    if n == 0:
+        return pa.array([], pa.bool_())
+    run = np.zeros(n, np.int64)  # index of the row's VIN run in the chunk
+    np.cumsum(pc.not_equal(vin.slice(1), vin.slice(0, n - 1)).to_numpy(zero_copy_only=False), out=run[1:])
+    encoded = request_id.dictionary_encode()
+    pair = run * len(encoded.dictionary) + encoded.indices.to_numpy(zero_copy_only=False)
+    _, inverse, counts = np.unique(pair, return_inverse=True, return_counts=True)
+    flag = counts[inverse] > 1
+    flag |= (run == 0) | (run == run[-1])
+    return pa.array(flag)
 
 
 def _decode_reqs(ks: list[bytes], vs: list[bytes]) -> pa.Table:

@@ -25,12 +25,13 @@ gets at most one action; the first rule that matches wins:
 Content-duplicate groups are always reported (``content_dups``), repointed only with
 ``dedup_content``.
 
-Output (under ``plan_dir``): ``actions/shard=<k>/part-*.parquet`` with ``ACTION_COLUMNS``, each
-file sorted by ``phase`` and by LMDB key within a phase (so each apply batch touches a narrow key
-range); the apply reads the phases in order -- repoints, ids deletes, reqs deletes, blob deletes
-last, so no row is ever left pointing at a deleted blob, even after a crash mid-apply.
-``content_dups/shard=<k>/`` reports the groups; ``_plan.json`` (watermarks, cutoff, counts) is
-written last: no file, no plan.
+Output (under ``plan_dir``): ``actions/shard=<k>/part-*.parquet`` with ``ACTION_COLUMNS``, one Spark
+job per shard (its scans prune to the shard's files). The big scans only go through filters and
+broadcast joins, so each file keeps the LMDB key order of the export split it came from (each apply
+batch then touches a narrow key range) without sorting millions of rows; the apply reads the
+phases in order -- repoints, ids deletes, reqs deletes, blob deletes last, so no row is ever left
+pointing at a deleted blob, even after a crash mid-apply. ``content_dups/shard=<k>/`` reports the
+groups; ``_plan.json`` (watermarks, cutoff, counts) is written last: no file, no plan.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,9 +78,7 @@ ACTION_COLUMNS: tuple[str, ...] = (
 hold the values seen at the watermark (the guards); ``new_data_id`` only for repoints."""
 
 
-_CONTENT_DUPS_SCHEMA = (
-    "sha1 string, size long, data_id string, ts_ms long, canonical_data_id string, members long, shard int"
-)
+_CONTENT_DUPS_SCHEMA = "sha1 string, size long, data_id string, ts_ms long, canonical_data_id string, members long"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +128,9 @@ def read_export(spark: SparkSession, export_dir: str | os.PathLike[str], table: 
     """
     from pyspark.sql import types as T
 
+    types = {"int64": T.LongType(), "bool": T.BooleanType(), "string": T.StringType()}
     schema = T.StructType(
-        [T.StructField(f.name, T.LongType() if f.type == "int64" else T.StringType()) for f in SCHEMAS[table]]
-        + [T.StructField("shard", T.IntegerType())]
+        [T.StructField(f.name, types[str(f.type)]) for f in SCHEMAS[table]] + [T.StructField("shard", T.IntegerType())]
     )
     base = Path(export_dir) / table
     paths = [str(table_dir(export_dir, table, k)) for k in shards]
@@ -146,71 +145,77 @@ def compute_plan(
     now_ms: int,
     retention_ms: int,
     dedup_content: bool = False,
+    shards: list[int] | None = None,
+    plan_id: str | None = None,
 ) -> PlanInfo:
     """Compute the GC plan of an export and write it (see the module docstring for the rules).
+
+    Every shard is planned on its own (content duplicates are per shard too, as blobs are), so a
+    caller may plan shard by shard as their exports finish: pass ``shards`` and, from the second
+    call on, the ``plan_id`` returned by the first; ``_plan.json`` then accumulates the shards.
 
     Args:
         spark: the session to run on.
         export_dir: an export root written by ``export_shard``.
-        plan_dir: output directory (replaced).
+        plan_dir: output directory (replaced unless ``plan_id`` names the plan already in it).
         now_ms: the GC's notion of now (ms since the epoch).
         retention_ms: ``fanout.data_retention_ms``.
         dedup_content: also repoint rows of identical blobs to one canonical blob.
+        shards: the shards to plan (default: every completely exported shard).
+        plan_id: add these shards to this existing plan.
 
     Returns:
-        ``PlanInfo`` with per-shard counts.
+        ``PlanInfo`` of the whole plan so far, with per-shard counts.
 
     Raises:
-        ValueError: no completely exported shard under ``export_dir``, or a negative retention.
+        ValueError: a requested shard (or, by default, every shard) has no complete export, a
+            negative retention, or ``plan_id`` does not match the plan in ``plan_dir``.
     """
-    from pyspark.sql import functions as F
-
     if retention_ms < 0:
         raise ValueError(f"retention_ms must be >= 0, got {retention_ms}")
     started = time.perf_counter()
     marks = read_watermarks(export_dir)
-    if not marks:
-        raise ValueError(f"no complete shard export under {export_dir} (no {'_watermark.json'} files)")
-    shards = sorted(marks)
+    todo = sorted(marks) if shards is None else sorted(shards)
+    missing = [k for k in todo if k not in marks]
+    if not todo or missing:
+        raise ValueError(f"no complete export of shard(s) {missing or 'any'} under {export_dir} (no _watermark.json)")
     cutoff = now_ms - retention_ms
     out = Path(plan_dir)
-    shutil.rmtree(out, ignore_errors=True)
-
-    ids = read_export(spark, export_dir, tables.IDS, shards)
-    reqs = read_export(spark, export_dir, tables.REQS, shards)
-    meta = read_export(spark, export_dir, tables.META, shards)
-    dups = _content_dups(meta)
-    dups.write.mode("overwrite").partitionBy("shard").parquet(str(out / CONTENT_DUPS))
-    dups = spark.read.schema(_CONTENT_DUPS_SCHEMA).parquet(str(out / CONTENT_DUPS))
-    actions = _actions(ids, reqs, meta, dups, cutoff, dedup_content)
-    (  # no repartition: each task writes its rows of a shard sorted by (phase, key)
-        actions.sortWithinPartitions("shard", "phase", "k1", "k2", "k3")
-        .drop("k1", "k2", "k3")
-        .write.mode("overwrite")
-        .partitionBy("shard")
-        .parquet(str(out / ACTIONS))
-    )
-    counts = {k: _count(out / ACTIONS, k, ("op", "reason")) for k in shards}
-    groups = {k: len(_count(out / CONTENT_DUPS, k, ("sha1", "size"))) for k in shards}
-    info = PlanInfo(
-        plan_id=uuid.uuid4().hex,
-        plan_dir=str(out),
-        export_dir=str(export_dir),
-        now_ms=now_ms,
-        cutoff_ms=cutoff,
-        retention_ms=retention_ms,
-        dedup_content=dedup_content,
-        watermarks=marks,
-        counts=counts,
-        content_dup_groups=groups,
-        duration_s=time.perf_counter() - started,
-    )
+    if plan_id is None:
+        shutil.rmtree(out, ignore_errors=True)
+        info = PlanInfo(plan_id=uuid.uuid4().hex, plan_dir=str(out), export_dir=str(export_dir), now_ms=now_ms,
+                        cutoff_ms=cutoff, retention_ms=retention_ms, dedup_content=dedup_content)
+    else:
+        info = read_plan(out)
+        if (info.plan_id, info.now_ms, info.retention_ms, info.dedup_content) != (plan_id, now_ms, retention_ms,
+                                                                                 dedup_content):
+            raise ValueError(f"{out} holds plan {info.plan_id} with other parameters, not plan {plan_id}")
+    for k in todo:
+        _plan_shard(spark, export_dir, out, k, cutoff, dedup_content)
+        info.watermarks[k] = marks[k]
+        info.counts[k] = _count(out / ACTIONS, k, ("op", "reason"))
+        info.content_dup_groups[k] = len(_count(out / CONTENT_DUPS, k, ("sha1", "size")))
+    info = replace(info, duration_s=info.duration_s + time.perf_counter() - started)
     tmp = out / f".{PLAN_FILE}.tmp"
     tmp.write_text(json.dumps({"format": PLAN_FORMAT, **info.as_dict()}, sort_keys=True), encoding="utf-8")
     os.replace(tmp, out / PLAN_FILE)
-    log.info("gc_plan_written", plan_id=info.plan_id, plan_dir=str(out), shards=shards, cutoff_ms=cutoff,
-             actions=info.total(), content_dup_groups=sum(groups.values()), duration_s=round(info.duration_s, 3))
+    log.info("gc_plan_written", plan_id=info.plan_id, plan_dir=str(out), shards=todo, cutoff_ms=cutoff,
+             actions=sum(sum(info.counts[k].values()) for k in todo),
+             content_dup_groups=sum(info.content_dup_groups[k] for k in todo),
+             duration_s=round(time.perf_counter() - started, 3))
     return info
+
+
+def _plan_shard(spark: SparkSession, export_dir: str | os.PathLike[str], out: Path, shard: int, cutoff: int,
+                dedup_content: bool) -> None:
+    """Write ``content_dups/shard=<k>`` and ``actions/shard=<k>`` (one shard: the scans prune to its files)."""
+    ids, reqs, meta = (read_export(spark, export_dir, t, [shard]).drop("shard")
+                       for t in (tables.IDS, tables.REQS, tables.META))
+    dups_dir = str(out / CONTENT_DUPS / f"shard={shard}")
+    _content_dups(meta).write.mode("overwrite").parquet(dups_dir)
+    dups = spark.read.schema(_CONTENT_DUPS_SCHEMA).parquet(dups_dir)
+    _actions(ids, reqs, meta, dups, cutoff, dedup_content).write.mode("overwrite").parquet(
+        str(out / ACTIONS / f"shard={shard}"))
 
 
 def _count(root: Path, shard: int, columns: tuple[str, ...]) -> dict[str, int]:
@@ -230,87 +235,84 @@ def _content_dups(meta: DataFrame) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    group = Window.partitionBy("shard", "sha1", "size")
+    group = Window.partitionBy("sha1", "size")
     ranked = group.orderBy(F.col("ts_ms").desc(), F.col("data_id").asc())
     return (
         meta.withColumn("members", F.count("*").over(group))
         .filter(F.col("members") > 1)
         .withColumn("canonical_data_id", F.first("data_id").over(ranked.rowsBetween(Window.unboundedPreceding, 0)))
-        .select("shard", "sha1", "size", "data_id", "ts_ms", "canonical_data_id", "members")
+        .select("sha1", "size", "data_id", "ts_ms", "canonical_data_id", "members")
     )
 
 
 def _actions(ids: DataFrame, reqs: DataFrame, meta: DataFrame, dups: DataFrame, cutoff: int,
              dedup_content: bool) -> DataFrame:
-    """Union of all actions, with sort keys ``k1``/``k2``/``k3`` (LMDB key order within each phase)."""
+    """All actions of one shard (tables without the ``shard`` column).
+
+    Only narrow operations (filters, projections, broadcast joins against small tables) touch the
+    big scans, so each output file keeps the key order of the export split it was read from:
+    no sort and no shuffle of ``ids``/``reqs`` rows (the duplicate search only groups the rows the
+    export flagged ``maybe_dup``).
+    """
     from pyspark.sql import functions as F
 
     col, lit = F.col, F.lit
     null_str = lit(None).cast("string")
-    known = meta.select("shard", "data_id", lit(True).alias("has_meta"))
+    known = meta.select("data_id", lit(True).alias("has_meta"))
     repoint = dups.filter(col("data_id") != col("canonical_data_id")).select(
-        "shard", "data_id", col("canonical_data_id").alias("canonical")
-    )
+        "data_id", col("canonical_data_id").alias("canonical"))
     expired = col("ts_ms") < lit(cutoff)
-    orphan = col("has_meta").isNull()
-    with_meta = ids.join(known, ["shard", "data_id"], "left")
+    live = ~expired & col("has_meta").isNotNull()
+    rows = ids.join(F.broadcast(known), "data_id", "left")
     if dedup_content:  # rows of a content duplicate count as rows of its canonical blob
-        with_meta = with_meta.join(F.broadcast(repoint), ["shard", "data_id"], "left")
+        rows = rows.join(F.broadcast(repoint), "data_id", "left")
     else:
-        with_meta = with_meta.withColumn("canonical", null_str)
-    with_meta = with_meta.withColumn("content", F.coalesce("canonical", "data_id"))
-    # duplicates are rare: find the (vin, request_id, content) groups with more than one live row
-    # (one hash aggregate) and broadcast them back, instead of sorting every row in a window
-    same_row = ["shard", "vin", "request_id", "content"]
-    dup_groups = (
-        with_meta.filter(~expired & ~orphan)
-        .groupBy(*same_row)
-        .agg(F.min("ts_ms").alias("oldest_live"), F.count("*").alias("live_rows"))
-        .filter(col("live_rows") > 1)
-        .drop("live_rows")
-    )
-    classified = (
-        with_meta.join(F.broadcast(dup_groups), same_row, "left")
-        .withColumn(
-            "reason",
-            F.when(expired, lit(REASON_EXPIRED))
-            .when(orphan, lit(REASON_ORPHAN))
-            .when(col("ts_ms") > col("oldest_live"), lit(REASON_DUPLICATE)),
+        rows = rows.withColumn("canonical", null_str)
+    rows = rows.withColumn("content", F.coalesce("canonical", "data_id"))
+    same_row = ["vin", "request_id", "content"]
+    # duplicates are rare: group only the rows the export flagged (``maybe_dup``: their (vin,
+    # request_id) has other rows); Parquet statistics skip the row groups without any flag
+    oldest = (rows.filter(col("maybe_dup") & live)
+              .groupBy(*same_row).agg(F.min("ts_ms").alias("oldest_live"), F.count("*").alias("n"))
+              .filter(col("n") > 1).drop("n"))
+    reason = (F.when(expired, lit(REASON_EXPIRED))
+              .when(col("has_meta").isNull(), lit(REASON_ORPHAN))
+              .when(col("ts_ms") > col("oldest_live"), lit(REASON_DUPLICATE)))
+    op = F.when(col("reason").isNotNull(), lit(OP_DELETE_IDS)).when(col("canonical").isNotNull(), lit(OP_REPOINT_IDS))
+    ids_actions = (
+        rows.join(F.broadcast(oldest), same_row, "left")
+        .withColumn("reason", reason)
+        .withColumn("op", op)
+        .filter(col("op").isNotNull())
+        .select(
+            F.when(col("op") == OP_DELETE_IDS, lit(PHASES.index(OP_DELETE_IDS)))
+            .otherwise(lit(PHASES.index(OP_REPOINT_IDS))).alias("phase"),
+            "op", F.coalesce("reason", lit(REASON_CONTENT_DUPLICATE)).alias("reason"),
+            "vin", "ts_ms", "request_id", "data_id",
+            F.when(col("op") == OP_REPOINT_IDS, col("canonical")).alias("new_data_id"), null_str.alias("status"),
         )
     )
-    delete_ids = classified.filter(col("reason").isNotNull()).select(
-        "shard", lit(PHASES.index(OP_DELETE_IDS)).alias("phase"), lit(OP_DELETE_IDS).alias("op"), "reason",
-        "vin", "ts_ms", "request_id", "data_id", null_str.alias("new_data_id"), null_str.alias("status"),
-        col("vin").alias("k1"), col("ts_ms").alias("k2"), col("request_id").alias("k3"),
-    )
-    survivors = classified.filter(col("reason").isNull())
-    repoint_ids = survivors.filter(col("canonical").isNotNull()).select(
-        "shard", lit(PHASES.index(OP_REPOINT_IDS)).alias("phase"), lit(OP_REPOINT_IDS).alias("op"),
-        lit(REASON_CONTENT_DUPLICATE).alias("reason"), "vin", "ts_ms", "request_id", "data_id",
-        col("canonical").alias("new_data_id"), null_str.alias("status"),
-        col("vin").alias("k1"), col("ts_ms").alias("k2"), col("request_id").alias("k3"),
-    )
-    referenced = survivors.select("shard", col("content").alias("data_id")).distinct()
+    # a blob stays while a surviving row points at it: the content of every live row (a duplicate
+    # never holds the last reference: the oldest row of its group survives)
+    referenced = rows.filter(live).select(col("content").alias("data_id")).distinct()
     blob_reason = F.when(col("ts_ms") < lit(cutoff), lit(REASON_EXPIRED))
     blobs = meta
     if dedup_content:
-        blobs = blobs.join(repoint.select("shard", "data_id", lit(True).alias("non_canonical")), ["shard", "data_id"], "left")
+        blobs = blobs.join(F.broadcast(repoint.select("data_id", lit(True).alias("non_canonical"))), "data_id", "left")
         blob_reason = blob_reason.when(col("non_canonical").isNotNull(), lit(REASON_CONTENT_DUPLICATE))
     delete_blobs = (
         blobs.withColumn("reason", blob_reason)
         .filter(col("reason").isNotNull())
-        .join(referenced, ["shard", "data_id"], "left_anti")
+        .join(referenced, "data_id", "left_anti")
         .select(
-            "shard", lit(PHASES.index(OP_DELETE_BLOB)).alias("phase"), lit(OP_DELETE_BLOB).alias("op"), "reason",
+            lit(PHASES.index(OP_DELETE_BLOB)).alias("phase"), lit(OP_DELETE_BLOB).alias("op"), "reason",
             null_str.alias("vin"), "ts_ms", null_str.alias("request_id"), "data_id", null_str.alias("new_data_id"),
-            null_str.alias("status"), col("data_id").alias("k1"), lit(None).cast("long").alias("k2"),
-            null_str.alias("k3"),
+            null_str.alias("status"),
         )
     )
     delete_reqs = reqs.filter(expired).select(
-        "shard", lit(PHASES.index(OP_DELETE_REQS)).alias("phase"), lit(OP_DELETE_REQS).alias("op"),
+        lit(PHASES.index(OP_DELETE_REQS)).alias("phase"), lit(OP_DELETE_REQS).alias("op"),
         lit(REASON_EXPIRED).alias("reason"), "vin", "ts_ms", "request_id", "data_id",
-        null_str.alias("new_data_id"), "status", col("request_id").alias("k1"), lit(None).cast("long").alias("k2"),
-        col("vin").alias("k3"),
+        null_str.alias("new_data_id"), "status",
     )
-    return repoint_ids.unionByName(delete_ids).unionByName(delete_reqs).unionByName(delete_blobs)
+    return ids_actions.unionByName(delete_reqs).unionByName(delete_blobs)

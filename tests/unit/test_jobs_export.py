@@ -37,10 +37,10 @@ def test_export_writes_exact_rows_and_watermark(store, tmp_path):
     assert info.rows == {"ids": 3, "reqs": 4, "meta": 2} and info.total_rows == 9
     assert info.as_dict()["rows"] == info.rows
     assert _read(out, "ids") == [  # key order: vin, then ts, then request_id ("VIN1" < "VIN10")
-        {"vin": "V", "ts_ms": T0 + 5, "request_id": "req-ü", "data_id": "d1"},
-        {"vin": "VIN1", "ts_ms": T0 + 5, "request_id": "req-ü", "data_id": "d1"},
-        {"vin": "VIN1", "ts_ms": 2**62, "request_id": "r2", "data_id": "dé"},
-    ]
+        {"vin": "V", "ts_ms": T0 + 5, "request_id": "req-ü", "data_id": "d1", "maybe_dup": True},
+        {"vin": "VIN1", "ts_ms": T0 + 5, "request_id": "req-ü", "data_id": "d1", "maybe_dup": True},
+        {"vin": "VIN1", "ts_ms": 2**62, "request_id": "r2", "data_id": "dé", "maybe_dup": True},
+    ]  # chunks of 2 rows: every VIN here is first or last in its chunk
     assert _read(out, "reqs") == [
         {"request_id": "r2", "vin": "VIN1", "ts_ms": 2**62, "data_id": "dé", "status": "pending", "delivered_ts_ms": None},
         {"request_id": "req-ü", "vin": "V", "ts_ms": T0 + 5, "data_id": "d1", "status": "pending", "delivered_ts_ms": None},
@@ -140,3 +140,25 @@ def test_export_shards_reports_progress(tmp_path):
     finally:
         for s in stores.values():
             s.close()
+
+
+def test_maybe_dup_flags_every_row_that_may_have_a_twin(store, tmp_path):
+    """Rows whose (vin, request_id) repeats, and the first/last VIN of each chunk (it may continue)."""
+    store.apply(WriteBatch().put_blob("a", b"1", T0).put_blob("b", b"2", T0))
+    for vin, ts, rid, did in [("A", 1, "r1", "a"), ("A", 2, "r2", "a"), ("B", 1, "r1", "a"), ("B", 2, "r1", "b"),
+                              ("B", 3, "r2", "a"), ("C", 1, "r1", "a"), ("C", 2, "r2", "a"), ("D", 1, "r1", "a"),
+                              ("E", 1, "r1", "a"), ("E", 2, "r1", "b")]:
+        store.apply(WriteBatch().enqueue(vin, T0 + ts, rid, did))
+    flags = {}
+    for chunk, expected in ((100, {"A": True, "B": True, "C": False, "D": False, "E": True}),
+                            (5, {"A": True, "B": True, "C": True, "D": False, "E": True})):
+        E.export_shard(store, tmp_path / str(chunk), row_group_rows=chunk)
+        flags = {}
+        for row in _read(tmp_path / str(chunk), "ids"):
+            flags.setdefault(row["vin"], set()).add((row["request_id"], row["maybe_dup"]))
+        got = {vin: any(f for _, f in pairs) for vin, pairs in flags.items()}
+        assert got == expected, chunk
+    assert flags["B"] == {("r1", True), ("r2", True)}  # chunk 5: B ends the first chunk
+    E.export_shard(store, tmp_path / "x", row_group_rows=100)
+    b_rows = {(r["request_id"], r["maybe_dup"]) for r in _read(tmp_path / "x", "ids") if r["vin"] == "B"}
+    assert b_rows == {("r1", True), ("r2", False)}  # only the repeated request of B is flagged
