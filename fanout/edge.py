@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Iterable, Sequence
 
 import structlog
 
@@ -248,8 +248,8 @@ class FanoutEdge(BrokerHooks):
 
     # -- deliveries and kicks from dispatchers ---------------------------------------------------------------
 
-    def apply_deliveries(self, sends: list[tuple], payloads: dict[str, bytes],
-                         kicks: list[tuple] = ()) -> list[tuple]:  # type: ignore[assignment]
+    def apply_deliveries(self, sends: Sequence[tuple], payloads: dict[str, bytes],
+                         kicks: Sequence[tuple] = ()) -> list[tuple]:
         """Execute one dispatcher batch.
 
         Args:
@@ -279,7 +279,7 @@ class FanoutEdge(BrokerHooks):
         self.deliver_failures += len(failures)
         return failures
 
-    def kick(self, kicks: Any) -> int:
+    def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
         """Close connections taken over on another node.
 
         Args:
@@ -351,7 +351,5 @@ class FanoutEdge(BrokerHooks):
             "peers": sorted(self.routes.peers),
         }
 
-
-Tag = Hashable
 
 __all__ = ["FanoutEdge"]

@@ -18,7 +18,7 @@ Strategy (one instance per ConnectionNode, Ray-free):
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import structlog
 
@@ -154,7 +154,7 @@ class RouteTable:
         self._dirty = True
 
     def announcement(self, now_ms: int, local_filters: Iterable[str] | None = None,
-                     filters_fn: "callable | None" = None) -> tuple[list[str], list[str], bool] | None:
+                     filters_fn: Callable[[], Iterable[str]] | None = None) -> tuple[list[str], list[str], bool] | None:
         """The diff to send to every peer now, or None.
 
         Args:

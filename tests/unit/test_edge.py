@@ -6,7 +6,6 @@ the stores, until nothing moves. Every test reads as an MQTT conversation with f
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -21,7 +20,7 @@ from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe, Unsubscribe
 from fanout.shard_core import ShardCore
 from fanout.wire import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, GenerationClock, join_vins, shard_of,
+    EV_CONNECT, EV_DISCONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, GenerationClock, join_vins, shard_of,
     split_by_shard, split_vins,
 )
 from storage import ShardStore
