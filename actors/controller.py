@@ -15,7 +15,9 @@ Strategy:
   ``$SYS`` value (``$SYS/fanout/...`` as is, each node's ``$SYS/broker/...`` as ``<topic>@<node_id>``)
   into the ``metrics`` table of shard 0 with one WriteBatch applied by dispatcher 0. Also a health check
   of the nodes: a node that stopped answering is announced down to dispatchers and peers.
-- GC: :meth:`run_gc` is the hook for export + Spark plan + apply (``storage/jobs``), not wired yet.
+- GC: :meth:`run_gc` runs one ``storage.jobs.cycle`` (every ``fanout.gc_interval`` from the housekeeping
+  loop, and on ``fanout gc --live``): each dispatcher exports its shard, the Spark plan runs in this
+  process, and the plan's WriteBatches go to each shard's primary with ``apply_batch`` (see :func:`gc_target`).
 """
 from __future__ import annotations
 
@@ -48,6 +50,27 @@ def fanout_ray_nodes() -> list[dict[str, Any]]:
     return sorted(nodes, key=lambda n: (not n.get("is_head_node", False), n["NodeID"]))
 
 
+def gc_target(dispatchers: list[Any]) -> Any:
+    """A ``storage.jobs.cycle.GcTarget`` over the dispatchers (shard k = dispatcher k).
+
+    Its calls block on ``ray.get``: use it off the event loop (``run_gc`` runs the cycle in a thread).
+    """
+    from storage.jobs.cycle import FunctionTarget
+
+    return FunctionTarget(
+        range(len(dispatchers)),
+        export=lambda k, out: ray.get(dispatchers[k].export_snapshot.remote(out)),
+        applied_seq=lambda k: ray.get(dispatchers[k].ready.remote())["applied_seq"],
+        apply=lambda k, batch: ray.get(dispatchers[k].apply_batch.remote(batch.to_bytes()))["counts"],
+    )
+
+
+def _log_gc_failure(task: asyncio.Task) -> None:
+    """Done-callback of a scheduled GC cycle: log its failure (the next interval tries again)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scheduled gc cycle failed", error=_cause(task.exception()))
+
+
 def _cause(exc: BaseException) -> str:
     """The last line of a remote error (the original exception's message)."""
     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
@@ -77,6 +100,7 @@ class Controller:
         self._addresses: set[str | None] = set()
         self._ray_node_ids: dict[str, str] = {}
         self._next_node = 0
+        self._gc_running = False
 
     async def start(self) -> dict[str, Any]:
         """Create and wire the dispatchers and connection nodes; return when every listener is up.
@@ -255,16 +279,27 @@ class Controller:
     # -- housekeeping ----------------------------------------------------------------------------------------
 
     async def run_gc(self, now: bool = False) -> dict[str, Any]:
-        """Hook for the scheduled export + Spark plan + apply pass (``storage/jobs``).
+        """One GC cycle through the dispatchers (``storage.jobs.cycle.run_gc_cycle`` over :func:`gc_target`).
 
-        Each dispatcher offers ``export_snapshot(out_dir)`` and ``apply_batch(batch_bytes)`` for it; the job
-        that plans deletions is not part of this build yet.
+        Args:
+            now: requested by an operator (``fanout gc --live``) rather than by the schedule (logged).
 
         Returns:
-            ``{"status": "unavailable", ...}`` until the jobs exist.
+            ``GcSummary.as_dict()``, or ``{"status": "running"}`` when a cycle is already under way.
         """
-        log.info("gc requested", now=now, status="unavailable")
-        return {"status": "unavailable", "reason": "storage.jobs GC is not wired yet", "now": now}
+        from storage.jobs.cycle import run_gc_cycle
+
+        if self._gc_running:
+            return {"status": "running", "now": now}
+        self._gc_running = True
+        try:
+            target = gc_target(self.dispatchers)
+            summary = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: run_gc_cycle(target, config=self.config))
+        finally:
+            self._gc_running = False
+        log.info("gc cycle done", now=now, plan_id=summary.plan_id, deleted=summary.deleted)
+        return summary.as_dict()
 
     async def sys_values(self) -> dict[str, Any]:
         """The last cluster-wide ``$SYS/fanout/...`` values pushed to the nodes."""
@@ -307,6 +342,8 @@ class Controller:
     async def _housekeeping(self) -> None:
         sys_s = self.config.mqtt.sys_interval_ms / 1000.0
         next_sys = time.monotonic()
+        gc_s = self.config.fanout.gc_interval_ms / 1000.0
+        next_gc = time.monotonic() + gc_s
         while True:
             await asyncio.sleep(HEALTH_PERIOD_S if sys_s <= 0 else min(HEALTH_PERIOD_S, sys_s))
             try:
@@ -315,6 +352,9 @@ class Controller:
                 if sys_s > 0 and time.monotonic() >= next_sys:
                     next_sys = time.monotonic() + sys_s
                     await self.publish_sys()
+                if gc_s > 0 and time.monotonic() >= next_gc and not self._gc_running:
+                    next_gc = time.monotonic() + gc_s
+                    asyncio.get_running_loop().create_task(self.run_gc()).add_done_callback(_log_gc_failure)
             except Exception:
                 log.exception("controller housekeeping failed")
 
