@@ -6,7 +6,9 @@ identical stores (same batches, same seqs), so each test starts from the exporte
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 
 import pyarrow.dataset as ds
@@ -194,15 +196,11 @@ def test_gc_cycle_offline_on_a_data_dir(spark, tmp_path):
     saved = json.loads((tmp_path / "data" / "export" / "last_gc.json").read_text())
     assert saved["deleted"] == 13 and saved["plan_id"] == summary.plan_id
 
-    from fanout.cli import main  # a second cycle through the CLI finds nothing left to collect
-
-    out = tmp_path / "second.json"
-    import contextlib
-    import io
+    from fanout.cli import main  # a second cycle (dry run, through the CLI) finds nothing left to collect
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert main(["gc", "--data-dir", str(tmp_path / "data"), "--now-ms", str(NOW), "--json"]) == 0
-    out.write_text(buf.getvalue())
+        assert main(["gc", "--data-dir", str(tmp_path / "data"), "--now-ms", str(NOW), "--dry-run", "--json"]) == 0
     again = json.loads(buf.getvalue())
     assert again["planned"] == {} and again["deleted"] == 0 and again["exported_rows"] > 0
+    assert again["dry_run"] and "apply" not in again["stage_s"] and again["applied"] == {}
