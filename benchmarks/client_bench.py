@@ -216,8 +216,9 @@ async def main(quick: bool) -> dict[str, Any]:
         "cold_accept_p99": result["cold_latency"]["p99_ms"] <= TARGETS["cold_accept_p99_ms"],
         "acked_submissions_per_s": hot_tp["acked_per_s"] >= TARGETS["acked_submissions_per_s"],
     }
-    (RESULTS / "client_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, hot, hot_cpu, cold, cold_shm, RESULTS / "client_bench.png")
+    stem = "client_bench_quick" if quick else "client_bench"  # quick runs are git-ignored
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, hot, hot_cpu, cold, cold_shm, RESULTS / f"{stem}.png")
     return result
 
 
