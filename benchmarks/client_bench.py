@@ -19,7 +19,8 @@ Phases (bounded, ~30 s in total):
 6. ``cold_latency_tmpfs``: phase 2 with the outbox on ``/dev/shm`` (fsync is free there, so this is
    not durable): the client's own cost of the COLD path, without the disk.
 
-Usage: ``.venv/bin/python benchmarks/client_bench.py [--quick]``
+Usage: ``.venv/bin/python benchmarks/client_bench.py [--quick]``, or through the runner
+``python -m benchmarks.run --only client`` (:func:`run`).
 """
 from __future__ import annotations
 
@@ -219,7 +220,25 @@ async def main(quick: bool) -> dict[str, Any]:
     stem = "client_bench_quick" if quick else "client_bench"  # quick runs are git-ignored
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, hot, hot_cpu, cold, cold_shm, RESULTS / f"{stem}.png")
+    result["json_path"] = str(RESULTS / f"{stem}.json")
+    result["png_path"] = str(RESULTS / f"{stem}.png")
     return result
+
+
+FIGURES = ("accept_p50_ms", "accept_p99_ms", "thread_cpu_p99_ms", "acked_per_s")
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Entry point for ``benchmarks.run``: the figures per durability mode plus targets met."""
+    r = asyncio.run(main(quick))
+    systems = {
+        "hybrid (HOT)": {"accept_p50_ms": r["hot_latency"]["p50_ms"], "accept_p99_ms": r["hot_latency"]["p99_ms"],
+                         "thread_cpu_p99_ms": r["hot_latency"]["thread_cpu_p99_ms"], "acked_per_s": r["hot_throughput"]["acked_per_s"]},
+        "always (COLD)": {"accept_p50_ms": r["cold_latency"]["p50_ms"], "accept_p99_ms": r["cold_latency"]["p99_ms"],
+                          "thread_cpu_p99_ms": r["cold_latency"]["thread_cpu_p99_ms"], "acked_per_s": r["always_throughput"]["acked_per_s"]},
+    }
+    return {"mode": "quick" if quick else "full", "duration_s": r["wall_s"], "systems": systems, "targets_met": r["meets"],
+            "json_path": r["json_path"], "png_path": r["png_path"]}
 
 
 if __name__ == "__main__":
