@@ -221,6 +221,7 @@ def run_gc_cycle(
     dry_run: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
     chunk_ops: int = DEFAULT_CHUNK_OPS,
+    pipeline: bool = True,
 ) -> GcSummary:
     """Export, plan and apply (unless ``dry_run``) one GC cycle.
 
@@ -234,6 +235,8 @@ def run_gc_cycle(
         dry_run: stop after the plan (nothing is deleted).
         work_dir: where the snapshot and the plan go (default ``default_work_dir``).
         chunk_ops: most ops per applied WriteBatch.
+        pipeline: overlap the shards' stages (see the module docstring); False runs every export,
+            then every plan, then every apply (exact per-stage timings, e.g. for benchmarks).
 
     Returns:
         ``GcSummary``.
@@ -256,14 +259,15 @@ def run_gc_cycle(
         data_dir = paths.pop() if len(paths) == 1 else None
     try:
         return _run(target, config, now_ms, progress, spark, dry_run,
-                    Path(work_dir) if work_dir is not None else default_work_dir(config, data_dir), chunk_ops)
+                    Path(work_dir) if work_dir is not None else default_work_dir(config, data_dir), chunk_ops,
+                    pipeline)
     finally:
         for store in opened.values():
             store.close()
 
 
 def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress | None,
-         spark: SparkSession | None, dry_run: bool, work: Path, chunk_ops: int) -> GcSummary:
+         spark: SparkSession | None, dry_run: bool, work: Path, chunk_ops: int, pipeline: bool) -> GcSummary:
     report = progress or (lambda stage, done, total: None)
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
     retention = int(config.fanout.data_retention_ms)
@@ -312,7 +316,12 @@ def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress
             summary.exported[shard_id] = dict(target.export(shard_id, str(snapshot_dir)))
             summary.stage_s["export"] += time.perf_counter() - t
             report("export", i, n)
-            futures.append(planner.submit(plan_shard, shard_id))
+            if pipeline:
+                futures.append(planner.submit(plan_shard, shard_id))
+        if not pipeline:
+            futures = [planner.submit(plan_shard, shard_id) for shard_id in summary.shards]
+            for future in futures:
+                future.result()
         done_ops = 0
         for shard_id, future in zip(summary.shards, futures):
             plan = future.result()
