@@ -85,6 +85,9 @@ class Broker(Lifecycle, Routing):
         self.hooks = hooks
         self.limits = SessionLimits.from_config(m)
         self._max_packet = m.max_packet_size_bytes
+        # Ingest triggers name up to fanout.max_batch VINs (~20 bytes each in JSON), far more than the
+        # per-client limit; only authenticated platform/admin connections get the larger limit.
+        self._max_platform_packet = max(m.max_packet_size_bytes, m.max_platform_packet_size_bytes)
         self._connect_timeout = m.connect_timeout_ms
         self._max_connections = m.max_connections
         self._max_sessions = m.max_sessions

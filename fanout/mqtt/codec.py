@@ -122,6 +122,17 @@ class PacketReader:
         """Bytes received but not yet decoded (an incomplete packet)."""
         return len(self._buf)
 
+    @property
+    def max_packet_size(self) -> int:
+        """Largest accepted remaining length; the broker raises it for platform connections."""
+        return self._max
+
+    @max_packet_size.setter
+    def max_packet_size(self, value: int) -> None:
+        if not 0 < value <= MAX_REMAINING_LENGTH:
+            raise ValueError(f"max_packet_size must be 1..{MAX_REMAINING_LENGTH}, got {value}")
+        self._max = value
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add received bytes and return every packet they complete.
 

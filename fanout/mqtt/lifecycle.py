@@ -100,6 +100,10 @@ class Lifecycle:
         conn.generation = self._generation
         conn.session = s
         conn.principal = principal
+        if principal.role in ("platform", "admin"):
+            # Applies from the next packet on; a client pipelining a big PUBLISH in the same read as its
+            # CONNECT is still held to mqtt.max_packet_size (clients wait for CONNACK in practice).
+            conn.reader.max_packet_size = self._max_platform_packet
         conn.will = p.will
         conn.keepalive_ms = p.keepalive * 1500  # MQTT-3.1.2-24: 1.5 x keep alive
         s.conn = conn
