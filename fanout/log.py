@@ -58,7 +58,9 @@ def configure(*, json: bool | None = None, level: str | None = None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
-        cache_logger_on_first_use=True,
+        # Not cached: structlog.testing.capture_logs() and a later configure() must reach loggers that
+        # were already used; logging is off the per-message path, so the lookup cost does not matter.
+        cache_logger_on_first_use=False,
     )
     _configured = True
 

@@ -4,9 +4,17 @@ from __future__ import annotations
 import io
 import sys
 
+import pytest
 import structlog
 
 from fanout import log
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog():
+    """These tests reconfigure structlog; give later tests their defaults back."""
+    yield
+    structlog.reset_defaults()
 
 
 def test_logs_follow_the_current_stderr(monkeypatch):
