@@ -18,6 +18,7 @@ Strategy (after Ray Serve's proxy actor, STYLE.md section 4):
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any
@@ -29,6 +30,11 @@ from fanout import log as fanout_log
 from fanout.edge import FanoutEdge
 
 log = structlog.get_logger(__name__)
+
+# The cyclic GC's default thresholds (700, 10, 10) make a full collection walk every live object (tens of
+# thousands of sessions, rows, connections) many times a second under load, stalling the event loop for
+# 100+ ms. Hot-path objects are tuples and slotted instances without cycles; collect far less often.
+GC_THRESHOLDS = (50_000, 50, 100)
 
 ROUTE_PERIOD_S = 0.05
 
@@ -64,6 +70,7 @@ class ConnectionNode:
 
     def __init__(self, config: Any, node_id: str, host: str, port: int, dispatchers: list[Any]) -> None:
         fanout_log.ensure_configured()
+        gc.set_threshold(*GC_THRESHOLDS)
         self.config = config
         self.node_id = node_id
         self.host = host
@@ -83,6 +90,7 @@ class ConnectionNode:
         self._deliver_s = 0.0
         self._deliver_calls = 0
         self._event_calls = 0
+        self._lag_max_s = 0.0
         self._loop = asyncio.get_event_loop()
         self._start_task = self._loop.create_task(self._start())
         self._route_task: asyncio.Task | None = None
@@ -192,11 +200,13 @@ class ConnectionNode:
         return self.server.broker.sys.snapshot(int(time.monotonic() * 1000))
 
     async def stats(self) -> dict[str, Any]:
-        """Node counters for ``fanout status``."""
+        """Node counters for ``fanout status`` (``loop_lag_ms_max``: worst event-loop stall since the last call)."""
         port = self.server.port if self.server is not None else self._port
+        lag, self._lag_max_s = self._lag_max_s, 0.0
         return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats(),
                 "deliver_calls": self._deliver_calls, "event_calls": self._event_calls,
-                "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2)}
+                "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2),
+                "loop_lag_ms_max": round(1000 * lag, 1)}  # since the previous stats() call
 
     async def generation_of(self, client_id: str) -> int | None:
         return self.edge.generation_of(client_id)
@@ -265,7 +275,10 @@ class ConnectionNode:
     async def _route_loop(self) -> None:
         broker = self.server.broker
         while not self._stopping:
+            before = time.monotonic()
             await asyncio.sleep(ROUTE_PERIOD_S)
+            lag = time.monotonic() - before - ROUTE_PERIOD_S  # event-loop lag, for stats
+            self._lag_max_s = max(self._lag_max_s, lag)
             try:
                 ann = self.edge.routes.announcement(int(time.monotonic() * 1000), filters_fn=broker.route_filters)
                 if ann is not None:

@@ -13,8 +13,9 @@ Strategy:
 - The tick: inputs (``events``, ``ingest``) only update state and set a wake flag. The tick task then
   waits ``fanout.tick`` (coalescing everything that arrives meanwhile), drains the plan, writes all acked
   rows' deletes in ONE batch (while one delete batch is being written, the next accumulates) and ships
-  sends with ONE ``deliver`` call per node; at most :data:`MAX_CALLS_PER_NODE` calls are in flight per
-  node and the rest waits for the next call. Idle, it sleeps on an event: no polling.
+  sends with ONE ``deliver`` call per node (a backlog above :data:`MAX_SENDS_PER_CALL` is split so the
+  first part lands sooner); at most :data:`MAX_CALLS_PER_NODE` calls are in flight per node and the rest
+  waits for the next call. Idle, it sleeps on an event: no polling.
 - ``max_restarts=-1``: a restarted dispatcher reopens its shard (nothing acknowledged is lost, it is in
   LMDB) with an empty in-memory state; its ``incarnation`` changes, and each node then resends the
   connections it holds for this shard (``FanoutEdge.sync_events``). ``max_task_retries`` is safe because
@@ -23,6 +24,7 @@ Strategy:
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 import uuid
@@ -40,7 +42,14 @@ from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
 log = structlog.get_logger(__name__)
 
-MAX_CALLS_PER_NODE = 2
+# The cyclic GC's default thresholds (700, 10, 10) make a full collection walk every live object (tens of
+# thousands of sessions, rows, connections) many times a second under load, stalling the event loop for
+# 100+ ms. Hot-path objects are tuples and slotted instances without cycles; collect far less often.
+GC_THRESHOLDS = (50_000, 50, 100)
+
+MAX_CALLS_PER_NODE = 4
+MAX_SENDS_PER_CALL = 2000  # a bigger backlog goes out in several pipelined calls: the first lands sooner
+DISPATCH_SLICE = 2000  # VINs of a new batch handled per event-loop turn
 
 
 def _now_ms() -> int:
@@ -62,6 +71,7 @@ class Dispatcher:
 
     def __init__(self, config: Any, shard: int, shards: int, data_dir: str, controller: str | None = None) -> None:
         fanout_log.ensure_configured()
+        gc.set_threshold(*GC_THRESHOLDS)
         self.config = config
         self.shard = shard
         self.incarnation = uuid.uuid4().hex[:12]
@@ -171,8 +181,13 @@ class Dispatcher:
             t1 = time.perf_counter()
             counts = await self._write(batch)
             t2 = time.perf_counter()
-            ready = self.core.ingested(vin_lists)
-            self._kick()
+            ready = 0
+            for vins in vin_lists:  # in slices, so the tick ships the first sends while the rest is read
+                for i in range(0, len(vins), DISPATCH_SLICE):
+                    ready += self.core.dispatch_new(vins[i:i + DISPATCH_SLICE])
+                    self._kick()
+                    if len(vins) > DISPATCH_SLICE:
+                        await asyncio.sleep(0)
             log.debug("ingest applied", shard=self.shard, triggers=len(items), counts=counts, ready=ready,
                      build_ms=round(1000 * (t1 - t0), 1), write_ms=round(1000 * (t2 - t1), 1),
                      dispatch_ms=round(1000 * (time.perf_counter() - t2), 1))
@@ -325,7 +340,7 @@ class Dispatcher:
             handle = self._nodes.get(node)
             if handle is None:
                 continue  # not wired yet (restart recovery in progress): the sends wait
-            sends, payloads, kicks = core.take_node_batch(node)
+            sends, payloads, kicks = core.take_node_batch(node, MAX_SENDS_PER_CALL)
             self._calls[node] = self._calls.get(node, 0) + 1
             self._calls_out += 1
             asyncio.get_running_loop().create_task(self._deliver(node, handle, sends, payloads, kicks))

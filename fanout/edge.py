@@ -42,7 +42,7 @@ from fanout.mqtt.hooks import (
 from fanout.routes import RouteTable
 from fanout.trigger import ERRORS_TOPIC_PREFIX
 from fanout.wire import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, GenerationClock, shard_of,
+    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, GenerationClock, shard_of,
 )
 
 log = structlog.get_logger(__name__)
@@ -225,7 +225,7 @@ class FanoutEdge(BrokerHooks):
         return taken
 
     def sync_events(self, shard: int) -> list[tuple]:
-        """Connect events describing every live connection of ``shard`` (a dispatcher restarted).
+        """Sync events describing every live connection of ``shard`` (a dispatcher restarted).
 
         They are put in front of that shard's queue; the queued events that follow are newer.
         """
@@ -239,8 +239,7 @@ class FanoutEdge(BrokerHooks):
             if s is not None:
                 inflight, queued = s.tags()
                 key = next((t for t in (*inflight, *queued) if type(t) is bytes), None)
-            # session_present=True: the dispatcher only trusts ``subscribed`` and the key on a resume
-            sync.append((EV_CONNECT, cid, gen, True, subscribed, key))
+            sync.append((EV_SYNC, cid, gen, subscribed, key))
         self._out[shard][:0] = sync
         if self._out[shard]:
             self._pending_shards.add(shard)

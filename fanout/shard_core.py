@@ -6,9 +6,9 @@ live here so they are unit-testable with a real ``ShardStore`` and no cluster:
 - Dispatch: :class:`FanoutDispatch` (the team's :class:`fanout.dispatch.VinDispatcher` plus the two inputs
   a real node produces that the pure machine does not model: a send the node could not hand over, and
   the filtering of VINs worth a store read). Reads go through :class:`PrefetchRows`, which loads the next
-  two rows of every VIN of an event batch in ONE read transaction (``next_rows_many``) before the
-  machine asks for them one by one; two rows because the row just acknowledged is still in the store
-  until its delete lands (Rule 4 of :mod:`fanout.dispatch`).
+  :data:`PREFETCH_ROWS` rows of every VIN of an event batch in ONE read transaction (``next_rows_many``)
+  before the machine asks for them one by one; three rows because the row just acknowledged, and often
+  the one before it, are still in the store until their deletes land (Rule 4 of :mod:`fanout.dispatch`).
 - Takeover registry: the shard of ``crc32(client_id)`` sees every connect of that client id on any node;
   when two nodes report a live connection, the older generation is kicked (queued for the next
   ``deliver`` call to its node).
@@ -29,14 +29,14 @@ from fanout.dispatch import Action, Delete, InFlight, VinDispatcher
 from fanout.mqtt.auth import VIN_RE
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.wire import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, split_vins,
+    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, split_vins,
 )
 from storage import WriteBatch
 from storage.keys import decode_ids_key
 
 log = structlog.get_logger(__name__)
 
-PREFETCH_ROWS = 2
+PREFETCH_ROWS = 3  # the row just acked, possibly the previous one whose delete is still being written, the next
 BLOB_CACHE_BYTES = 64 << 20
 INSPECT_ROWS = 20
 
@@ -165,6 +165,7 @@ class ShardCore:
         vd = self.vd
         self.events_in += len(events)
         hot = [e[1] for e in events if e[0] == EV_ACK or e[0] == EV_HEARTBEAT]
+        synced: list[str] = []
         with self.rows.prefetched(hot):
             for e in events:
                 kind = e[0]
@@ -185,6 +186,13 @@ class ShardCore:
                     vd.on_subscribe(e[1], e[2], e[3])
                 elif kind == EV_FAILED:
                     vd.on_send_failed(e[1], e[2], e[3])
+                elif kind == EV_SYNC:
+                    _, cid, gen, subscribed, key = e
+                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                        vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
+                        synced.append(cid)
+        if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
+            self.dispatch_new(synced)
 
     def _register(self, node: str, cid: str, gen: int) -> bool:
         """Record a connect; queue a kick for the older of two live connections on different nodes.
@@ -281,14 +289,19 @@ class ShardCore:
         Returns:
             How many VINs were ready to receive (a send was attempted).
         """
-        n = 0
-        for vins in vin_lists:
-            ready = self.vd.ready_vins(vins)
-            if ready:
-                n += len(ready)
-                with self.rows.prefetched(ready):
-                    self.vd.on_batch(ready)
-        return n
+        return sum(self.dispatch_new(vins) for vins in vin_lists)
+
+    def dispatch_new(self, vins: list[str]) -> int:
+        """"New batch" trigger for some VINs whose rows are durable (callers may split a big list).
+
+        Returns:
+            How many of them were ready to receive.
+        """
+        ready = self.vd.ready_vins(vins)
+        if ready:
+            with self.rows.prefetched(ready):
+                self.vd.on_batch(ready)
+        return len(ready)
 
     def forget_data(self) -> None:
         """Blobs may have been deleted (GC batch applied): drop the caches."""
@@ -341,9 +354,18 @@ class ShardCore:
         """Nodes with sends or kicks queued."""
         return list({*self._sends, *self._kicks})
 
-    def take_node_batch(self, node: str) -> tuple[list[tuple], dict[str, bytes], list[tuple]]:
-        """The ``deliver`` arguments for ``node``: sends, their blobs (each once) and kicks."""
-        sends = self._sends.pop(node, [])
+    def take_node_batch(self, node: str, limit: int | None = None) -> tuple[list[tuple], dict[str, bytes], list[tuple]]:
+        """The ``deliver`` arguments for ``node``: sends, their blobs (each once) and kicks.
+
+        Args:
+            node: the destination.
+            limit: at most this many sends (the rest stay queued, oldest first); None = all.
+        """
+        queued = self._sends.pop(node, [])
+        if limit is not None and len(queued) > limit:
+            sends, self._sends[node] = queued[:limit], queued[limit:]
+        else:
+            sends = queued
         kicks = self._kicks.pop(node, [])
         payloads: dict[str, bytes] = {}
         for s in sends:

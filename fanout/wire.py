@@ -12,6 +12,8 @@ ConnectionNode -> Dispatcher ``events(node_id, events)``, one list per dispatche
 - ``(EV_HEARTBEAT, client_id, generation)`` - ``ecp/<VIN>/online`` or ``ecp/<VIN>/heartbeat``
 - ``(EV_ACK, client_id, generation, row_key)`` - PUBACK of a fanout message
 - ``(EV_FAILED, client_id, generation, row_key)`` - the node dropped a fanout message (full queue)
+- ``(EV_SYNC, client_id, generation, subscribed, inflight_key | None)`` - a live connection, resent after the
+  dispatcher restarted; unlike a connect it is a dispatch trigger (rows may have arrived meanwhile)
 
 Dispatcher -> ConnectionNode ``deliver(sends, payloads, kicks)``, one call per node per tick:
 
@@ -41,6 +43,7 @@ EV_SUBSCRIBED = 2
 EV_HEARTBEAT = 3
 EV_ACK = 4
 EV_FAILED = 5
+EV_SYNC = 6
 
 VIN_SEPARATOR = "\n"
 
@@ -109,6 +112,6 @@ class GenerationClock:
 
 
 __all__ = [
-    "EV_CONNECT", "EV_DISCONNECT", "EV_SUBSCRIBED", "EV_HEARTBEAT", "EV_ACK", "EV_FAILED", "GenerationClock",
+    "EV_CONNECT", "EV_DISCONNECT", "EV_SUBSCRIBED", "EV_HEARTBEAT", "EV_ACK", "EV_FAILED", "EV_SYNC", "GenerationClock",
     "shard_of", "split_by_shard", "join_vins", "split_vins", "VIN_SEPARATOR",
 ]

@@ -20,7 +20,7 @@ from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe, Unsubscribe
 from fanout.shard_core import ShardCore
 from fanout.wire import (
-    EV_CONNECT, EV_DISCONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, GenerationClock, join_vins, shard_of,
+    EV_CONNECT, EV_DISCONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, GenerationClock, join_vins, shard_of,
     split_by_shard, split_vins,
 )
 from storage import ShardStore
@@ -393,8 +393,22 @@ async def test_sync_events_describe_live_connections_of_a_shard(cluster):
     shard = shard_of("V1", 2)
     sync = cluster.edge.sync_events(shard)
     gen = cluster.edge.generation_of("V1")
-    key = next(e for e in sync if e[1] == "V1")
-    assert key[:5] == (EV_CONNECT, "V1", gen, True, True) and key[5].startswith(b"V1\x00")
+    event = next(e for e in sync if e[1] == "V1")
+    assert event[:4] == (EV_SYNC, "V1", gen, True) and event[4].startswith(b"V1\x00")
+
+
+async def test_restarted_shard_sends_pending_rows_to_resynced_vehicles(cluster, tmp_path):
+    car = vehicle(cluster, "V1")
+    await cluster.pump()
+    shard = shard_of("V1", 2)
+    # the dispatcher of V1 restarts (fresh state, same store) before a batch for V1 arrives
+    cluster.cores[shard] = ShardCore(cluster.stores[shard], shard, 2)
+    cluster.link.cores = cluster.cores
+    await publish_batch(cluster, ["V1"])
+    assert car.publishes() == []  # the new dispatcher does not know V1 is connected
+    cluster.edge.sync_events(shard)
+    await cluster.pump()
+    assert [p.topic for p in car.publishes()] == ["agent/V1/proxy/request/r1"]
 
 
 # -- takeover registry (ShardCore) -----------------------------------------------------------------------------
