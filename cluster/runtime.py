@@ -117,6 +117,7 @@ def init_ray(config: Any, address: str, *, log_to_driver: bool = True) -> bool:
     common = {"namespace": NAMESPACE, "log_to_driver": log_to_driver, "configure_logging": False}
     if address == "local":
         cl = config.cluster
+        use_private_token(config.storage.data_dir)
         ray.init(address="local", num_cpus=cl.num_cpus or os.cpu_count() or 1, include_dashboard=False,
                  object_store_memory=cl.object_store_memory_bytes, resources={"fanout_node": 1}, **common)
         return True
@@ -175,6 +176,59 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
     return cluster
 
 
+TOKEN_FILE = "ray_auth_token"
+
+
+def use_private_token(data_dir: str | os.PathLike[str]) -> Path | None:
+    """Give an embedded (``address="local"``) Ray instance its own auth token in ``<data_dir>``.
+
+    Ray 2.60 enables token authentication for local clusters and by default every local instance on the
+    machine shares ``~/.ray/auth_token``; several clusters (tests, a second ``fanout up``) starting at
+    once can then overwrite each other's token and lock their own clients out. A token file per data
+    directory (mode 0600, reused across restarts) avoids that; ``fanout status``/``inspect`` find it
+    through ``<data_dir>/ray_address``. Nothing is changed when the operator chose a token or disabled
+    token auth through the environment.
+
+    Returns:
+        The token file in use, or None when the environment already decides.
+    """
+    import secrets
+
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return None
+    path = Path(data_dir).resolve() / TOKEN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    # The token value, not RAY_AUTH_TOKEN_PATH: Ray 2.60's GCS did not accept clients when only the
+    # path variable was set (measured), while the value is honoured by every Ray process it starts.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = path.read_text().strip()
+    _reload_ray_auth()
+    return path
+
+
+def _reload_ray_auth() -> None:
+    """Make an already imported Ray see auth settings changed in ``os.environ``.
+
+    Ray reads ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` into its C++ config at import time; Ray itself
+    re-initialises that config after changing the mode (``authentication_token_setup._enable_token_auth``),
+    and so do we.
+    """
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def write_address_file(data_dir: str | os.PathLike[str]) -> None:
     """Record the running Ray cluster's address (and its auth mode) in ``<data_dir>/ray_address``.
 
@@ -191,6 +245,9 @@ def write_address_file(data_dir: str | os.PathLike[str]) -> None:
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode:
         lines.append(f"auth_mode={mode}")
+    token_file = Path(data_dir).resolve() / TOKEN_FILE
+    if os.environ.get("RAY_AUTH_TOKEN") and token_file.exists():
+        lines.append(f"auth_token_path={token_file}")
     (Path(data_dir) / ADDRESS_FILE).write_text("\n".join(lines) + "\n")
 
 
@@ -210,6 +267,11 @@ def find_address(data_dir: str | os.PathLike[str] | None, address: str | None) -
                 for extra in lines[1:]:
                     if extra.startswith("auth_mode="):
                         os.environ.setdefault("RAY_AUTH_MODE", extra.split("=", 1)[1])
+                    elif extra.startswith("auth_token_path=") and "RAY_AUTH_TOKEN" not in os.environ:
+                        token_file = Path(extra.split("=", 1)[1])
+                        if token_file.exists():
+                            os.environ["RAY_AUTH_TOKEN"] = token_file.read_text().strip()
+                            _reload_ray_auth()
                 return lines[0]
     return "auto"
 
