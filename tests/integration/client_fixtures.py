@@ -56,7 +56,8 @@ def write_broker_config(path: Path, *, max_packet_size: str | None = None) -> Pa
 
     mqtt_section = "[mqtt]\nsys_interval = \"0s\"\n"
     if max_packet_size:
-        mqtt_section += f'max_packet_size = "{max_packet_size}"\n'
+        # The test clients log in as platform, which has its own (larger) limit: pin both.
+        mqtt_section += f'max_packet_size = "{max_packet_size}"\nmax_platform_packet_size = "{max_packet_size}"\n'
     users = "".join(
         f'[users.{name}]\npassword_hash = "{hash_password(pw, iterations=1000)}"\nrole = "{name}"\n\n'
         for name, pw in (PLATFORM, ADMIN)
