@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import math
 import sys
 import threading
@@ -52,13 +53,24 @@ class Sample:
     connect_errors: int
 
 
+_source_blocks = itertools.count()
+
+
+def _next_source_block() -> str:
+    """First source address of the next fleet: ``127.<10 + k>.0.1`` for the k-th fleet of this process."""
+    return f"127.{10 + next(_source_blocks) % 240}.0.1"
+
+
 def fleet_options(host: str, port: int, vins: list[str], **overrides: Any) -> FleetOptions:
     """Benchmark defaults: no display, 2 processes, unlimited connect rate, no heartbeats, clean sessions.
 
+    Source addresses: 4,000 vehicles per address, from a block of 127/8 of its own per fleet run, so a
+    phase's connections never compete for ports with the previous phase's TIME_WAIT sockets.
     ``overrides`` are :class:`FleetOptions` fields.
     """
     base = FleetOptions(host=host, port=port, vins=vins, processes=2, connect_rate=0.0, connect_concurrency=512,
-                        connect_timeout=60.0, heartbeat_interval=0.0, keepalive=600, display="off",
+                        connect_timeout=60.0, heartbeat_interval=0.0, keepalive=600, display="off", per_address=4_000,
+                        source_addresses=_next_source_block(),
                         max_requests=100_000, max_samples=200_000, summary_requests=100_000, timeout=3600.0,
                         reconnect_delay=1.0, reconnect_max=10.0)
     return dataclasses.replace(base, **overrides)

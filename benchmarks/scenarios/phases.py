@@ -60,8 +60,11 @@ async def idle_cpu_rate(target: Any, seconds: float) -> float:
 async def _subscribed(fleet: FleetRun, cap_s: float) -> dict[str, Any]:
     status = await fleet.until("subscribed", fleet.vehicles, max_s=cap_s, stall_s=60.0)
     if status != "done":
-        raise RuntimeError(f"{fleet.label}: only {fleet.value('subscribed')} of {fleet.vehicles} vehicles subscribed "
-                           f"({status}); connect errors {fleet.value('connect_errors')}")
+        subscribed, errors = fleet.value("subscribed"), fleet.value("connect_errors")
+        fleet.stop_quietly()
+        kinds = dict(sorted((fleet.summary or {}).get("errors", {}).items(), key=lambda kv: -kv[1])[:5])
+        raise RuntimeError(f"{fleet.label}: only {subscribed} of {fleet.vehicles} vehicles subscribed ({status}); "
+                           f"connect errors {errors}: {kinds}")
     return {"connected": fleet.value("connected")}
 
 

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import traceback
@@ -31,14 +32,24 @@ def _busy_s() -> tuple[float, float]:
     return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), time.monotonic()
 
 
+def _own_cpu_s() -> float:
+    """CPU of this process and of its reaped children (the fleet processes, once joined)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def attempt(name: str, what: str, make: Callable[[], Awaitable[dict[str, Any]]], errors: dict[str, str], *,
-            quiet_wait_s: float = 0.0, show: tuple[str, ...] = ()) -> dict[str, Any] | None:
+            quiet_wait_s: float = 0.0, show: tuple[str, ...] = (),
+            server_cpu: Callable[[], float] | None = None) -> dict[str, Any] | None:
     """Run phase ``what`` and return its figures (None when it failed; the reason goes to ``errors``).
 
-    Adds ``machine_busy_pct_before`` (when waiting for quiet) and ``machine_busy_pct_during`` (all CPUs of
-    the machine, every process: the benchmark's own load plus any neighbour's).
+    Adds ``machine_busy_pct_before`` (when waiting for quiet), ``machine_busy_pct_during`` (all CPUs of
+    the machine, every process) and, with ``server_cpu`` (the server's CPU seconds so far),
+    ``other_load_pct``: the part of ``machine_busy_pct_during`` that was neither the server, nor this
+    benchmark process, nor its fleet processes (a neighbour's load: figures with a high value are noisy).
     """
     busy_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
+    own0, srv0 = _own_cpu_s(), server_cpu() if server_cpu is not None else 0.0
     b0, t0 = _busy_s()
     try:
         figures = run_async(make())
@@ -49,7 +60,11 @@ def attempt(name: str, what: str, make: Callable[[], Awaitable[dict[str, Any]]],
         return None
     b1, t1 = _busy_s()
     cpus = psutil.cpu_count() or 1
-    figures["machine_busy_pct_during"] = round(100.0 * (b1 - b0) / ((t1 - t0) * cpus), 1) if t1 > t0 else None
+    capacity = (t1 - t0) * cpus
+    figures["machine_busy_pct_during"] = round(100.0 * (b1 - b0) / capacity, 1) if capacity > 0 else None
+    if server_cpu is not None and capacity > 0:
+        ours = _own_cpu_s() - own0 + server_cpu() - srv0
+        figures["other_load_pct"] = round(max(0.0, 100.0 * ((b1 - b0) - ours) / capacity), 1)
     if busy_before is not None:
         figures["machine_busy_pct_before"] = round(busy_before, 1)
     shown = ", ".join(f"{k}={figures[k]:,.2f}" if isinstance(figures.get(k), float) else f"{k}={figures.get(k)}"

@@ -71,7 +71,7 @@ def test_fanout_bench_ratios_targets_plot(results: tuple[dict[str, dict[str, Any
     missing = [k for k in fanout_bench.RATIOS if not _number(data["ratios"].get(k))]
     assert not missing, f"ratios missing: {missing}"
     verdicts = data["targets_met"]
-    assert len(verdicts) == 6 and all(isinstance(v, bool) for v in verdicts.values()), verdicts
+    assert len(verdicts) >= 6 and all(isinstance(v, bool) for v in verdicts.values()), verdicts
     assert (out / "fanout_bench_quick.png").read_bytes()[:8] == PNG
 
 
