@@ -55,7 +55,8 @@ def test_machine_versions_params(results: tuple[dict[str, dict[str, Any]], Path]
 def test_fanout_bench_every_phase_and_figure(results: tuple[dict[str, dict[str, Any]], Path]) -> None:
     data = results[0]["fanout_bench"]
     assert not data["errors"], data["errors"]
-    for phase in ("realtime", "sequential", "drain_small", "drain_large", "ingest_raw", "ingest_client"):
+    for phase in ("realtime", "sequential", "probe", "drain_small", "drain_large", "drain_fleet", "ingest_raw",
+                  "ingest_client"):
         assert data["phases"].get(phase), f"phase {phase} missing"
     missing = [k for k in fanout_bench.FIGURES if not _number(data["figures"].get(k))]
     assert not missing, f"missing or non-positive figures: {missing}"
