@@ -43,8 +43,8 @@ from .common import (
     raise_nofile_limit, save_figure, versions, write_result,
 )
 from .scenarios import phases
-from .scenarios.cluster import EmbeddedCluster, filesystem_of
-from .scenarios.report import at_least, dirty_sources, attempt, get, log, ratio
+from .scenarios.cluster import BENCH_CONFIG, LOG_LEVEL, EmbeddedCluster, filesystem_of
+from .scenarios.report import at_least, attempt, dirty_sources, get, log, median_run, ratio
 from .scenarios.senders import NAIVE_WINDOW
 
 NAME = "fleet_bench"
@@ -144,6 +144,7 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
                 log(NAME, f"fanout cluster on port {target.port} (started in {target.startup_s:.1f} s)")
             out["version"] = target.version()
             if system == "fanout":
+                out["config"] = f"{BENCH_CONFIG}(FANOUT_LOG_LEVEL={LOG_LEVEL})"
                 out["startup_s"] = round(target.startup_s or 0, 2)
                 out["data_dir_fs"] = filesystem_of(target.data_dir)
             idle = attempt(NAME, f"{system} idle", lambda: _idle(target, s.idle_s), errors, show=("idle_cpu_per_s",))
@@ -154,7 +155,7 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
                 payload_size=s.payload_size, idle_cpu_per_s=idle_rate, connect_cap_s=s.connect_cap_s,
                 label=f"{system}-fan{i + 1}"), errors, quiet_wait_s=q, show=show, server_cpu=target.cpu_seconds)
                 for i in range(s.fanout_repeats)]
-            out["fanout"] = _median_run(runs, "deliveries_per_s")
+            out["fanout"] = median_run(runs, "deliveries_per_s")
             out["heartbeat_storm"] = attempt(NAME, f"{system} heartbeat_storm", lambda: phases.fanout_phase(
                 target, vehicles=s.hb_vehicles, requests=s.hb_requests, vin_prefix=f"{prefix}H", cap_s=s.cap_s,
                 payload_size=s.payload_size, heartbeat_interval=s.hb_vehicles / s.hb_rate, hb_window_s=s.hb_window_s,
@@ -177,14 +178,6 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
         errors[f"{system} server"] = f"{type(exc).__name__}: {exc}"
         log(NAME, f"{system}: FAILED {errors[f'{system} server']}")
     return out
-
-
-def _median_run(runs: list[dict[str, Any] | None], key: str) -> dict[str, Any] | None:
-    """The run with the median ``key`` (lower middle; runs without it count as lowest), every value listed."""
-    done = sorted((r for r in runs if r is not None), key=lambda r: (r.get(key) is not None, r.get(key) or 0))
-    if not done:
-        return None
-    return {**done[(len(done) - 1) // 2], f"{key}_runs": [r.get(key) if r else None for r in runs]}
 
 
 async def _idle(target: Any, seconds: float) -> dict[str, Any]:
@@ -364,7 +357,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     for scenario in ("fanout", "ingest", "connection_storm", "heartbeat_storm"):
         result["scenarios"][scenario] = {sy: sc.get(scenario) for sy, sc in per_system.items() if scenario in sc}
     for sy, sc in per_system.items():
-        for key in ("version", "startup_s", "data_dir_fs", "idle_cpu_per_s", "sizes_used"):
+        for key in ("version", "config", "startup_s", "data_dir_fs", "idle_cpu_per_s", "sizes_used"):
             if key in sc:
                 result["systems"][sy][key] = sc[key]
     result["ratios"] = compute_ratios(result["systems"])

@@ -10,4 +10,5 @@ Modules:
   raw trigger PUBLISH, and the naive publisher (one QoS 1 PUBLISH per vehicle) for the peers.
 - :mod:`.phases`: the measured phases shared by both benchmarks (fanout of R requests to N vehicles,
   ingest of one big trigger, drain of queued rows, connection storm, heartbeat storm).
+- :mod:`.report`: running a phase (quiet wait, machine load, errors), median of repeated runs, ratios.
 """

@@ -83,6 +83,15 @@ def dirty_sources() -> list[str]:
     return [line[3:] for line in out.stdout.splitlines() if line[3:]] if out.returncode == 0 else []
 
 
+def median_run(runs: list[dict[str, Any] | None], key: str) -> dict[str, Any] | None:
+    """The run with the median ``key`` (lower middle; a run without it counts as the lowest), with every
+    run's value listed under ``<key>_runs``; None when every run failed."""
+    done = sorted((r for r in runs if r is not None), key=lambda r: (r.get(key) is not None, r.get(key) or 0))
+    if not done:
+        return None
+    return {**done[(len(done) - 1) // 2], f"{key}_runs": [r.get(key) if r else None for r in runs]}
+
+
 def ratio(a: Any, b: Any) -> float | None:
     """a / b rounded to 3 decimals, or None when either is missing or b is 0."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and b:
@@ -103,4 +112,4 @@ def get(d: dict[str, Any] | None, key: str) -> Any:
     return None if d is None else d.get(key)
 
 
-__all__ = ["attempt", "dirty_sources", "ratio", "at_least", "at_most", "get", "log"]
+__all__ = ["attempt", "dirty_sources", "median_run", "ratio", "at_least", "at_most", "get", "log"]
