@@ -3,8 +3,9 @@
 Phases, on one embedded cluster (``fanout up --port 0 --data-dir <tmp>``, stopped at the end), each with
 VINs of its own:
 
-- ``realtime`` (x ``realtime_repeats``, the median run reported): N = 10,000 vehicles (the mock fleet, 2 processes) connected and subscribed, then R = 10
-  requests (blob + trigger naming all N VINs each, through the platform client) submitted back to back.
+- ``realtime`` (x ``realtime_repeats``, the median run reported): N = 10,000 vehicles (the mock fleet,
+  2 processes) connected and subscribed, then R = 10 requests (blob + trigger naming all N VINs each,
+  through the platform client) submitted back to back.
   deliveries/s = unique deliveries / (last delivery - first trigger); a delivery is PUBLISH to PUBACK,
   one in flight per vehicle, so request k of a vehicle leaves only after it acknowledged k-1.
   Trigger-to-first-delivery per request = first receipt by any vehicle - the send time stamped in the
@@ -20,8 +21,8 @@ VINs of its own:
 - ``drain_fleet``: 100 x 10,000 = 1,000,000 rows for the full fleet of 10,000 vehicles (more in flight).
 - ``ingest_raw`` / ``ingest_client``: one 1,000,000-VIN trigger for offline vehicles until its PUBACK
   (durable: fsynced in LMDB on every shard): as ONE PUBLISH (~15 MB; platform logins may send up to
-  ``mqtt.max_platform_packet_size``, 64 MiB), and through the platform client (split into <= 1 MiB PUBLISHes, the default packet limit);
-  each measured ``trigger_repeats`` times with fresh VINs, the median reported with every run listed.
+  ``mqtt.max_platform_packet_size``, 64 MiB), and through the platform client (split into <= 1 MiB
+  PUBLISHes, the client's default); each measured ``trigger_repeats`` times with fresh VINs, the median reported with every run listed.
 - ``--profile``: the realtime phase and the raw ingest once more, with ``py-spy record`` on the
   ConnectionNode and every Dispatcher; the top functions by self and inclusive share go to ``profile``.
 
@@ -47,7 +48,9 @@ from fanout import log as fanout_log
 
 from .common import grouped_bars, machine_info, pyplot, raise_nofile_limit, save_figure, versions, write_result
 from .scenarios import phases
-from .scenarios.cluster import BENCH_CONFIG, LOG_LEVEL, EmbeddedCluster, filesystem_of, finish_profiles, py_spy, start_profiles
+from .scenarios.cluster import (
+    BENCH_CONFIG, LOG_LEVEL, EmbeddedCluster, filesystem_of, finish_profiles, py_spy, start_profiles,
+)
 from .scenarios.report import at_least, at_most, attempt, dirty_sources, get, log, median_run, ratio
 
 NAME = "fanout_bench"
@@ -246,7 +249,8 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
                  ylabel="deliveries / s (PUBLISH -> PUBACK)", title="Delivery throughput (higher is better)",
                  target=TARGETS["deliveries_per_s_min"], target_label="target 20,000/s")
     grouped_bars(axes[0][1], ["first delivery p50", "first delivery p99", "all deliveries p50", "all deliveries p99"],
-                 {"realtime burst": [f["first_delivery_p50_ms"], f["first_delivery_p99_ms"], f["latency_p50_ms"], f["latency_p99_ms"]],
+                 {"realtime burst": [f["first_delivery_p50_ms"], f["first_delivery_p99_ms"], f["latency_p50_ms"],
+                                     f["latency_p99_ms"]],
                   "sequential": [f["sequential_first_delivery_p50_ms"], f["sequential_first_delivery_p99_ms"],
                                  get(ph.get("sequential"), "latency_p50_ms"), get(ph.get("sequential"), "latency_p99_ms")],
                   "probe (1 VIN)": [f["probe_first_delivery_p50_ms"], f["probe_first_delivery_p99_ms"],
