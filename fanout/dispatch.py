@@ -48,7 +48,11 @@ class Row:
 
 
 class PendingRows(Protocol):
-    """Read access to the pending rows of the dispatcher's shard."""
+    """Read access to the pending rows of the dispatcher's shard.
+
+    A source may also offer ``next_row_skipping(vin, skip) -> Row | None`` (the oldest row whose key is
+    not in ``skip``); the machine then asks once per send instead of once per skipped key (Rule 4).
+    """
 
     def next_row(self, vin: str, after: bytes | None = None) -> Row | None:
         """The oldest pending row of ``vin`` whose key is greater than ``after`` (all rows if None)."""
@@ -164,6 +168,7 @@ class VinDispatcher:
     def __init__(self, rows: PendingRows) -> None:
         """Args: rows: source of pending rows of this shard (``ShardRowsAdapter(store)``)."""
         self._rows = rows
+        self._skipping = getattr(rows, "next_row_skipping", None)
         self._vins: dict[str, VehicleState] = {}
         self._sends: list[Send] = []
         self._deletes: list[Delete] = []
@@ -309,6 +314,22 @@ class VinDispatcher:
                 if not vs.deleting:
                     vs.deleting = None
 
+    def on_send_failed(self, vin: str, generation: int, row_key: bytes, *, unsubscribed: bool = False) -> list[Action]:
+        """The node did not hand the in-flight row to the connection (not subscribed, queue full, call failed).
+
+        The row stays pending; the next trigger sends it again. Never sends by itself (a failing send
+        must not loop).
+        """
+        vs = self._vins.get(vin)
+        if vs is None or vs.generation != generation or vs.node is None:
+            self._stale += 1
+            return []
+        if unsubscribed:
+            vs.subscribed = False
+        if vs.inflight is not None and vs.inflight.key == row_key:
+            self._clear_inflight(vs)
+        return []
+
     def discard_row(self, vin: str, row_key: bytes) -> list[Action]:
         """Drop a row that cannot be delivered (e.g. its blob was garbage-collected), then send the next."""
         actions: list[Action] = [self._delete(vin, row_key, delivered=False)]
@@ -338,7 +359,22 @@ class VinDispatcher:
         self._sent += 1
         return [send]
 
+    def ready_vins(self, vins: Iterable[str]) -> list[str]:
+        """The VINs a new batch can send to now: connected, subscribed, nothing in flight (no reads)."""
+        states = self._vins
+        out = []
+        for vin in vins:
+            vs = states.get(vin)
+            if vs is not None and vs.node is not None and vs.subscribed and vs.inflight is None:
+                out.append(vin)
+        return out
+
     # ---- outputs ------------------------------------------------------------------------------------
+    @property
+    def has_actions(self) -> bool:
+        """Sends or deletes are queued for ``drain_actions``."""
+        return bool(self._sends or self._deletes)
+
     def drain_actions(self, now_ms: int) -> DeliveryPlan:
         """Take the queued actions, sends grouped per node.
 
@@ -400,6 +436,8 @@ class VinDispatcher:
         return vs
 
     def _next_row(self, vin: str, deleting: set[bytes] | None) -> Row | None:
+        if self._skipping is not None:
+            return self._skipping(vin, deleting)
         row = self._rows.next_row(vin)
         # Rule 4: skip rows acked whose delete has not landed; at most len(deleting) extra reads.
         while row is not None and deleting and row.key in deleting:

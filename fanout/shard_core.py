@@ -3,12 +3,11 @@
 Strategy: the Dispatcher actor only moves batches (Ray calls, the writer thread, the tick); the decisions
 live here so they are unit-testable with a real ``ShardStore`` and no cluster:
 
-- Dispatch: :class:`FanoutDispatch` (the team's :class:`fanout.dispatch.VinDispatcher` plus the two inputs
-  a real node produces that the pure machine does not model: a send the node could not hand over, and
-  the filtering of VINs worth a store read). Reads go through :class:`PrefetchRows`, which loads the next
-  :data:`PREFETCH_ROWS` rows of every VIN of an event batch in ONE read transaction (``next_rows_many``)
-  before the machine asks for them one by one; three rows because the row just acknowledged, and often
-  the one before it, are still in the store until their deletes land (Rule 4 of :mod:`fanout.dispatch`).
+- Dispatch: :class:`fanout.dispatch.VinDispatcher` (its public hooks cover what a real node adds: a
+  send the node could not hand over, and the filtering of VINs worth a store read). Reads go through
+  :class:`TickRows`: every next-row question of an event batch (or of a slice of a new batch) is
+  answered from ONE read transaction and cursor, skipping the acked keys whose delete is still being
+  written (Rule 4 of :mod:`fanout.dispatch`) as bytes, and decoding only the row that is sent.
 - Takeover registry: the shard of ``crc32(client_id)`` sees every connect of that client id on any node;
   when two nodes report a live connection, the older generation is kicked (queued for the next
   ``deliver`` call to its node).
@@ -25,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 import structlog
 
-from fanout.dispatch import Action, Delete, InFlight, VinDispatcher
+from fanout.dispatch import Delete, InFlight, VinDispatcher
 from fanout.mqtt.auth import VIN_RE
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.wire import (
@@ -36,91 +35,57 @@ from storage.keys import decode_ids_key
 
 log = structlog.get_logger(__name__)
 
-PREFETCH_ROWS = 3  # the row just acked, possibly the previous one whose delete is still being written, the next
 BLOB_CACHE_BYTES = 64 << 20
 INSPECT_ROWS = 20
 
 
-class PrefetchRows:
-    """``PendingRows`` over a ``ShardStore`` with an optional per-batch prefetch.
-
-    Inside ``with rows.prefetched(vins):`` the next :data:`PREFETCH_ROWS` rows of those VINs come from one
-    read transaction; outside, or for other VINs, each ``next_row`` is its own short read.
+class TickRows:
+    """``PendingRows`` over a ``ShardStore``: inside ``with rows.reading():`` every question of the block
+    is answered from ONE read transaction and cursor (:class:`storage.queue_cursor.QueueCursor`); outside,
+    each ``next_row`` is its own short read. Only the row returned is decoded: the acked keys skipped
+    under Rule 4 are compared as bytes.
     """
 
-    __slots__ = ("_store", "_cache", "reads")
+    __slots__ = ("_store", "_qc", "reads")
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._cache: dict[str, list] | None = None
+        self._qc: Any = None
         self.reads = 0
 
     @contextmanager
-    def prefetched(self, vins: Iterable[str]) -> Iterator[None]:
-        vins = list(vins)
-        if not vins:
+    def reading(self) -> Iterator[None]:
+        if self._qc is not None:  # nested: the outer block's transaction serves
             yield
             return
-        found = self._store.next_rows_many(vins, limit=PREFETCH_ROWS)
-        cache = dict.fromkeys(vins, ())
-        cache.update(found)
-        self._cache = cache  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            self._cache = None
+        with self._store.queue_cursor() as qc:
+            self._qc = qc
+            try:
+                yield
+            finally:
+                self._qc = None
+                self.reads += qc.reads
 
     def next_row(self, vin: str, after: bytes | None = None) -> Any:
-        cache = self._cache
-        if cache is not None:
-            rows = cache.get(vin)
-            if rows is not None:
-                for row in rows:
-                    if after is None or row.key > after:
-                        return row
-                if len(rows) < PREFETCH_ROWS:
-                    return None
+        qc = self._qc
+        if qc is not None:
+            return qc.first_row(vin) if after is None else qc.row_after(vin, after)
         self.reads += 1
         rows = self._store.next_rows(vin, limit=1, after_key=after)
         return rows[0] if rows else None
 
+    def next_row_skipping(self, vin: str, skip: set[bytes] | None) -> Any:
+        qc = self._qc
+        if qc is not None:
+            return qc.first_row(vin, skip)
+        row = self.next_row(vin)
+        while row is not None and skip and row.key in skip:
+            row = self.next_row(vin, after=row.key)
+        return row
 
-class FanoutDispatch(VinDispatcher):
-    """:class:`VinDispatcher` plus node-reported send failures and cheap candidate filtering."""
 
-    def on_send_failed(self, vin: str, generation: int, row_key: bytes, *, unsubscribed: bool = False) -> list[Action]:
-        """The node did not hand the in-flight row to the connection (not subscribed, queue full).
-
-        The row stays pending; the next trigger sends it again. Never sends by itself (a failing send
-        must not loop).
-        """
-        vs = self._vins.get(vin)
-        if vs is None or vs.generation != generation or vs.node is None:
-            self._stale += 1
-            return []
-        if unsubscribed:
-            vs.subscribed = False
-        if vs.inflight is not None and vs.inflight.key == row_key:
-            self._clear_inflight(vs)
-        return []
-
-    def ready_vins(self, vins: Iterable[str]) -> list[str]:
-        """The VINs a new batch can send to now: connected, subscribed, nothing in flight."""
-        states = self._vins
-        out = []
-        for vin in vins:
-            vs = states.get(vin)
-            if vs is not None and vs.node is not None and vs.subscribed and vs.inflight is None:
-                out.append(vin)
-        return out
-
-    @property
-    def has_actions(self) -> bool:
-        """Sends or deletes are queued for ``drain_actions``."""
-        return bool(self._sends or self._deletes)
-
-    def vehicle_states(self) -> Iterator[tuple[str, Any]]:
-        return iter(self._vins.items())
+# The pure machine is the dispatcher: node-reported send failures and batch filtering are its public hooks.
+FanoutDispatch = VinDispatcher
 
 
 def _inflight_json(inflight: InFlight | None) -> dict[str, Any] | None:
@@ -143,8 +108,8 @@ class ShardCore:
         self.store = store
         self.shard = shard
         self.shards = shards
-        self.rows = PrefetchRows(store)
-        self.vd = FanoutDispatch(self.rows)
+        self.rows = TickRows(store)
+        self.vd = VinDispatcher(self.rows)
         self._clients: dict[str, tuple[str, int]] = {}  # client id -> (node, generation) of the live connection
         self._kicks: dict[str, list[tuple[str, int]]] = {}
         self._sends: dict[str, list[tuple]] = {}
@@ -164,9 +129,8 @@ class ShardCore:
         """Apply one node's event batch, in order."""
         vd = self.vd
         self.events_in += len(events)
-        hot = [e[1] for e in events if e[0] == EV_ACK or e[0] == EV_HEARTBEAT]
         synced: list[str] = []
-        with self.rows.prefetched(hot):
+        with self.rows.reading():
             for e in events:
                 kind = e[0]
                 if kind == EV_ACK:
@@ -299,7 +263,7 @@ class ShardCore:
         """
         ready = self.vd.ready_vins(vins)
         if ready:
-            with self.rows.prefetched(ready):
+            with self.rows.reading():
                 self.vd.on_batch(ready)
         return len(ready)
 
@@ -379,11 +343,7 @@ class ShardCore:
         if not self._deletes:
             return None
         deletes, self._deletes = self._deletes, []
-        batch = WriteBatch()
-        for d in deletes:
-            vin, ts_ms, request_id = decode_ids_key(d.key)
-            batch.ack(vin, ts_ms, request_id, now_ms)
-        return batch, deletes
+        return WriteBatch().ack_rows([d.key for d in deletes], now_ms), deletes
 
     def requeue_deletes(self, deletes: list[Delete]) -> None:
         """A delete batch failed to apply: put its deletes back in front (retried with the next batch)."""
@@ -464,4 +424,4 @@ class ShardCore:
         return self.store.get_meta(data_id)
 
 
-__all__ = ["ShardCore", "FanoutDispatch", "PrefetchRows"]
+__all__ = ["ShardCore", "FanoutDispatch", "TickRows"]

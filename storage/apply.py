@@ -139,16 +139,18 @@ def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     _, vin, ts_ms, request_id, delivered_ts_ms = op
     vb, rid = vin.encode(), request_id.encode()
     popped = txn.pop(vb + _SEP + _TS.pack(ts_ms) + rid, db=dbs.ids)
-    _inc(counts, "ack_deleted" if popped is not None else "ack_missing")
+    name = "ack_deleted" if popped is not None else "ack_missing"
+    counts[name] = counts.get(name, 0) + 1  # inline _inc: this runs once per delivery
     rkey = rid + _SEP + vb
-    raw = txn.get(rkey, db=dbs.reqs)
+    reqs = dbs.reqs
+    raw = txn.get(rkey, db=reqs)
     if raw is not None:
         req_ts, data_id, _status, _ = tables.unpack(raw)
     elif popped is not None:
         req_ts, data_id = ts_ms, tables.unpack(popped)
     else:
         return
-    txn.put(rkey, tables.encode_req(req_ts, data_id, tables.STATUS_DELIVERED, delivered_ts_ms), db=dbs.reqs)
+    txn.put(rkey, tables.pack([req_ts, data_id, tables.STATUS_DELIVERED, delivered_ts_ms]), db=reqs)
 
 
 def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:

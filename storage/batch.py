@@ -196,6 +196,25 @@ class WriteBatch:
         self.ops.append((ACK, vin, ts_ms, request_id, keys.check_ts_ms(delivered_ts_ms, "delivered_ts_ms")))
         return self
 
+    def ack_rows(self, row_keys: Iterable[bytes], delivered_ts_ms: int) -> WriteBatch:
+        """``ack`` for rows named by their ``ids`` keys as read from the store (a dispatcher's acks).
+
+        The keys came out of this table, so they are decoded, not re-validated part by part (that cost
+        ~5 µs per ack in ``ack``); the ops are the same ``ACK`` tuples, so replication sees no difference.
+
+        Raises:
+            ValueError: a key that is not an ``ids`` key, or an invalid ``delivered_ts_ms``.
+        """
+        keys.check_ts_ms(delivered_ts_ms, "delivered_ts_ms")
+        append = self.ops.append
+        for key in row_keys:
+            cut = key.find(0)
+            if cut <= 0 or len(key) <= cut + 9:
+                raise ValueError(f"not an ids key: {key!r}")
+            append((ACK, key[:cut].decode("ascii"), int.from_bytes(key[cut + 1:cut + 9], "big"),
+                    key[cut + 9:].decode(), delivered_ts_ms))
+        return self
+
     def delete_ids(self, vin: str, ts_ms: int, request_id: str) -> WriteBatch:
         """Delete one ``ids`` row unconditionally."""
         keys.ids_key(vin, ts_ms, request_id)

@@ -35,6 +35,7 @@ from storage.apply import Dbs, apply_ops
 from storage.batch import WriteBatch, gc_paused
 from storage.errors import FencedError, SequenceError, StoreClosedError, StoreError, StoreFullError
 from storage.guard import ResizeGuard
+from storage.queue_cursor import QueueCursor
 from storage.reader import QueueRow, ShardReader, _get_int
 
 __all__ = ["ApplyResult", "QueueRow", "ShardStore", "shard_dir"]
@@ -334,6 +335,36 @@ class ShardStore(ShardReader):
         )
 
     # -- consistent views and snapshots ---------------------------------------------------------------
+    @contextmanager
+    def queue_cursor(self) -> Iterator[QueueCursor]:
+        """ONE short read transaction over ``ids`` for a batch of next-row questions (a dispatcher tick).
+
+        Holds the resize guard shared for the block, so keep it short (no awaits inside).
+
+        Yields:
+            :class:`storage.queue_cursor.QueueCursor`.
+        """
+        for attempt in (0, 1):
+            env = self._live_env()
+            self._guard.acquire_shared()
+            try:
+                txn = env.begin()
+            except lmdb.MapResizedError:
+                self._guard.release_shared()
+                if attempt:
+                    raise
+                with self._write_lock:  # another process grew the map: adopt its size, then retry
+                    self._resize(0)
+                continue
+            try:
+                yield QueueCursor(txn.cursor(self._dbs.ids))
+            finally:
+                try:
+                    txn.abort()
+                finally:
+                    self._guard.release_shared()
+            return
+
     @contextmanager
     def snapshot_view(self) -> Iterator[snapshot.SnapshotView]:
         """A reader bound to ONE read transaction, with its ``applied_seq`` watermark.

@@ -1,0 +1,73 @@
+"""One read transaction over the ``ids`` table for a whole dispatcher tick.
+
+Strategy: the dispatcher asks "oldest pending row of VIN, skipping the rows whose delete is still being
+written" once per PUBACK/heartbeat. One short read transaction per question (or a prefetch of several
+rows per VIN, most of them never used) costs more than the answer; this view keeps ONE transaction and
+ONE cursor for every question of an event batch, positions the cursor with ``set_range`` and builds a
+row object only for the row it returns (skipped keys are compared as bytes, never decoded).
+
+The caller bounds the transaction's life (``ShardStore.queue_cursor()`` context): LMDB readers never
+block the writer, but a long-lived reader stops page reuse, so it must not outlive a tick.
+"""
+from __future__ import annotations
+
+from typing import Any, Collection
+
+from storage import tables
+from storage.reader import QueueRow
+
+_SEP = b"\x00"
+
+
+class QueueCursor:
+    """Pending-row reads inside one read transaction (see module doc)."""
+
+    __slots__ = ("_cur", "reads")
+
+    def __init__(self, cursor: Any) -> None:
+        self._cur = cursor
+        self.reads = 0
+
+    def first_row(self, vin: str, skip: Collection[bytes] | None = None) -> QueueRow | None:
+        """The oldest row of ``vin`` whose key is not in ``skip``, or None.
+
+        Args:
+            vin: a VIN the dispatcher tracks (validated at connect; not re-checked here).
+            skip: row keys to pass over (acked rows whose delete has not landed yet).
+        """
+        self.reads += 1
+        cur = self._cur
+        prefix = vin.encode() + _SEP
+        if not cur.set_range(prefix):
+            return None
+        key = cur.key()
+        while key.startswith(prefix):
+            if not skip or key not in skip:
+                plen = len(prefix)
+                return QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
+                                tables.unpack(cur.value()))
+            if not cur.next():
+                return None
+            key = cur.key()
+        return None
+
+    def row_after(self, vin: str, after: bytes) -> QueueRow | None:
+        """The oldest row of ``vin`` strictly after key ``after`` (the ``PendingRows.next_row`` contract)."""
+        self.reads += 1
+        cur = self._cur
+        prefix = vin.encode() + _SEP
+        if not cur.set_range(after):
+            return None
+        key = cur.key()
+        if key == after:
+            if not cur.next():
+                return None
+            key = cur.key()
+        if not key.startswith(prefix):
+            return None
+        plen = len(prefix)
+        return QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
+                        tables.unpack(cur.value()))
+
+
+__all__ = ["QueueCursor"]
