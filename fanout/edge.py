@@ -73,6 +73,10 @@ class FanoutEdge(BrokerHooks):
         self.broker: Any = None
         self.shards = int(link.shards)
         self._prefix: str = config.fanout.topic_prefix if config is not None else DEFAULT_TOPIC_PREFIX
+        # Delivery topic = head + VIN + tail + request_id (the prefix's {VIN} replaced), built per send.
+        head, sep, rest = self._prefix.partition(VIN_PLACEHOLDER)
+        self._topic_head, self._topic_tail = head, rest + "/"
+        self._topic_simple = bool(sep) and VIN_PLACEHOLDER not in rest  # else: str.replace per send
         self._gens = GenerationClock(clock_us)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
@@ -262,17 +266,20 @@ class FanoutEdge(BrokerHooks):
         """
         if kicks:
             self.kick(kicks)
-        broker = self.broker
+        deliver = self.broker.deliver
         live = self._live
-        prefix = self._prefix
+        cover = self._cover
+        head, tail, simple, prefix = self._topic_head, self._topic_tail, self._topic_simple, self._prefix
         failures: list[tuple] = []
         for vin, gen, key, request_id, data_id in sends:
             entry = live.get(vin)
             if entry is None or entry[1] != gen:
                 failures.append((vin, gen, key, _NOT_CONNECTED))
                 continue
-            status = broker.deliver(vin, f"{prefix.replace(VIN_PLACEHOLDER, vin)}/{request_id}",
-                                    payloads[data_id], 1, key)
+            # The covering filters let the broker skip matching the topic against every filter.
+            topic = (f"{head}{vin}{tail}{request_id}" if simple
+                     else f"{prefix.replace(VIN_PLACEHOLDER, vin)}/{request_id}")
+            status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin))
             if status >= _FAILED_MIN:
                 failures.append((vin, gen, key, int(status)))
         self.deliver_failures += len(failures)
