@@ -50,6 +50,7 @@ GC_THRESHOLDS = (50_000, 50, 100)
 MAX_CALLS_PER_NODE = 4
 MAX_SENDS_PER_CALL = 2000  # a bigger backlog goes out in several pipelined calls: the first lands sooner
 DISPATCH_SLICE = 2000  # VINs of a new batch handled per event-loop turn
+HEAD_WRITE_VINS = 256  # a bigger new batch commits and dispatches this many VINs first (first delivery early)
 
 
 def _now_ms() -> int:
@@ -176,22 +177,42 @@ class Dispatcher:
             Per item ``{"vins": n}`` or an error string (unknown data id: nothing written for it).
         """
         t0 = time.perf_counter()
+        head_result = None
+        split = self.core.split_head(items, HEAD_WRITE_VINS)
+        if split is not None:
+            # First deliveries early: the head's rows are committed and dispatched while the rest of the
+            # batch is built and written (one more commit; the caller is answered after both).
+            head, items = split
+            hbatch, hresults, hlists = self.core.ingest_batch(head)
+            if hbatch:
+                await self._write(hbatch)
+                await self._dispatch_new(hlists)
+                self._tick()  # ship the head's sends now: building the rest's batch holds the loop
+            head_result = hresults[0]
         batch, results, vin_lists = self.core.ingest_batch(items)
+        if head_result is not None:
+            results[0] = self.core.merge_head_result(head_result, results[0])
         if batch:
             t1 = time.perf_counter()
             counts = await self._write(batch)
             t2 = time.perf_counter()
-            ready = 0
-            for vins in vin_lists:  # in slices, so the tick ships the first sends while the rest is read
-                for i in range(0, len(vins), DISPATCH_SLICE):
-                    ready += self.core.dispatch_new(vins[i:i + DISPATCH_SLICE])
-                    self._kick()
-                    if len(vins) > DISPATCH_SLICE:
-                        await asyncio.sleep(0)
+            ready = await self._dispatch_new(vin_lists)
             log.debug("ingest applied", shard=self.shard, triggers=len(items), counts=counts, ready=ready,
                      build_ms=round(1000 * (t1 - t0), 1), write_ms=round(1000 * (t2 - t1), 1),
                      dispatch_ms=round(1000 * (time.perf_counter() - t2), 1))
         return results
+
+    async def _dispatch_new(self, vin_lists: list[list[str]]) -> int:
+        """"New batch" trigger for durable rows, in slices so the tick ships the first sends while the
+        rest is read. Returns how many VINs were ready."""
+        ready = 0
+        for vins in vin_lists:
+            for i in range(0, len(vins), DISPATCH_SLICE):
+                ready += self.core.dispatch_new(vins[i:i + DISPATCH_SLICE])
+                self._kick()
+                if len(vins) > DISPATCH_SLICE:
+                    await asyncio.sleep(0)
+        return ready
 
     async def events(self, node_id: str, events: list[tuple]) -> str:
         """Apply one node's event batch.

@@ -217,6 +217,11 @@ class FanoutEdge(BrokerHooks):
         """True when some dispatcher has events waiting."""
         return bool(self._pending_shards)
 
+    def pending_events(self) -> int:
+        """How many events wait, over every dispatcher."""
+        out = self._out
+        return sum(len(out[s]) for s in self._pending_shards)
+
     def take_events(self, busy: set[int] | frozenset[int] = frozenset()) -> dict[int, list[tuple]]:
         """Take the queued events of every shard not in ``busy`` (a busy shard keeps accumulating)."""
         taken: dict[int, list[tuple]] = {}

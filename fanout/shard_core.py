@@ -28,7 +28,7 @@ from fanout.dispatch import Delete, InFlight, VinDispatcher
 from fanout.mqtt.auth import VIN_RE
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.wire import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, split_vins,
+    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, VIN_SEPARATOR, split_vins,
 )
 from storage import WriteBatch
 from storage.keys import decode_ids_key
@@ -241,6 +241,37 @@ class ShardCore:
             vin_lists.append(vins)
             results.append({"vins": len(vins)})
         return batch, results, vin_lists
+
+    @staticmethod
+    def split_head(items: list[tuple], head_vins: int) -> tuple[list[tuple], list[tuple]] | None:
+        """Split the first ``head_vins`` VINs of the first item off a round of triggers.
+
+        The head is written (and dispatched) on its own first, so the first deliveries of a big batch
+        do not wait for the commit of all of its rows; the platform is acknowledged only after both.
+
+        Args:
+            items: ``(request_id, data_id, joined_vins, ts_ms)`` as for :meth:`ingest_batch`.
+            head_vins: VINs in the head.
+
+        Returns:
+            ``(head_items, rest_items)``, or None when the first item is not much bigger than the head.
+        """
+        if not items:
+            return None
+        request_id, data_id, joined, ts_ms = items[0]
+        if joined.count(VIN_SEPARATOR) < 2 * head_vins:
+            return None
+        parts = joined.split(VIN_SEPARATOR, head_vins)
+        rest = parts.pop()
+        return ([(request_id, data_id, VIN_SEPARATOR.join(parts), ts_ms)],
+                [(request_id, data_id, rest, ts_ms), *items[1:]])
+
+    @staticmethod
+    def merge_head_result(head: Any, rest: Any) -> Any:
+        """The result of an item written as head + rest (:meth:`split_head`)."""
+        if isinstance(head, dict) and isinstance(rest, dict):
+            return {"vins": head["vins"] + rest["vins"]}
+        return rest if not isinstance(rest, dict) else head
 
     def applied(self, counts: dict[str, int]) -> None:
         """Counters of one commit (``ShardStore.apply`` result), for stats."""

@@ -159,6 +159,11 @@ class MQTTServer:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Write the pending output now instead of at the scheduled flush (a big delivery batch writes
+        its first part to the sockets before encoding the rest)."""
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         for conn, data in self.broker.flush():
