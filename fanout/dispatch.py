@@ -71,7 +71,9 @@ class ShardRowsAdapter:
         return Row(*rows[0]) if rows else None
 
 
-@dataclass(frozen=True, slots=True)
+# Send and Delete are made once per delivery: plain slotted dataclasses (hashable, treated as immutable)
+# build ~4x faster than frozen ones, whose __init__ goes through object.__setattr__ per field.
+@dataclass(slots=True, unsafe_hash=True)
 class Send:
     """Deliver ``row`` to ``vin`` on connection ``(node, generation)`` as QoS 1. The node drops it if that
     connection is gone (the dispatcher learns of it from the node's own disconnect/connect events)."""
@@ -82,7 +84,7 @@ class Send:
     row: Row
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Delete:
     """Delete row ``key`` of ``vin`` (``storage.keys.decode_ids_key`` gives vin, ts_ms, request_id)."""
 

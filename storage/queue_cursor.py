@@ -17,6 +17,19 @@ from storage import tables
 from storage.reader import QueueRow
 
 _SEP = b"\x00"
+# ids values are msgpack'd data ids, the same few for thousands of rows (one per request): a dict hit
+# costs less than a msgpack call. Bounded, cleared when full.
+_DATA_IDS: dict[bytes, Any] = {}
+_DATA_IDS_MAX = 4096
+
+
+def _data_id(raw: bytes) -> Any:
+    did = _DATA_IDS.get(raw)
+    if did is None:
+        if len(_DATA_IDS) >= _DATA_IDS_MAX:
+            _DATA_IDS.clear()
+        did = _DATA_IDS[raw] = tables.unpack(raw)
+    return did
 
 
 class QueueCursor:
@@ -45,7 +58,7 @@ class QueueCursor:
             if not skip or key not in skip:
                 plen = len(prefix)
                 return QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
-                                tables.unpack(cur.value()))
+                                _data_id(cur.value()))
             if not cur.next():
                 return None
             key = cur.key()
@@ -67,7 +80,7 @@ class QueueCursor:
             return None
         plen = len(prefix)
         return QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
-                        tables.unpack(cur.value()))
+                        _data_id(cur.value()))
 
 
 __all__ = ["QueueCursor"]
