@@ -28,6 +28,7 @@ import structlog
 
 from fanout import log as fanout_log
 from fanout.edge import FanoutEdge
+from fanout.wire import pack_batch, unpack_batch
 
 log = structlog.get_logger(__name__)
 
@@ -157,8 +158,16 @@ class ConnectionNode:
 
     # -- calls from dispatchers -------------------------------------------------------------------------------
 
-    async def deliver(self, sends: list[tuple], payloads: dict[str, bytes], kicks: list[tuple]) -> list[tuple]:
-        """Deliver a dispatcher's batch; returns the failed sends (see :mod:`fanout.wire`)."""
+    async def deliver(self, sends: list[tuple] | bytes, payloads: dict[str, bytes] | None = None,
+                      kicks: list[tuple] | None = None) -> list[tuple]:
+        """Deliver a dispatcher's batch; returns the failed sends (see :mod:`fanout.wire`).
+
+        ``sends`` may be ``pack_batch((sends, payloads, kicks))`` (what dispatchers send).
+        """
+        if isinstance(sends, bytes):
+            sends, payloads, kicks = unpack_batch(sends)
+        payloads = payloads or {}
+        kicks = kicks or []
         if self.server is None:
             return [(s[0], s[1], s[2], 2) for s in sends]
         started = time.perf_counter()
@@ -267,7 +276,7 @@ class ConnectionNode:
 
     async def _send_events(self, shard: int, events: list[tuple]) -> None:
         try:
-            incarnation = await self._dispatchers[shard].events.remote(self.node_id, events)
+            incarnation = await self._dispatchers[shard].events.remote(self.node_id, pack_batch(events))
             previous = self._incarnations.get(shard)
             self._incarnations[shard] = incarnation
             if previous is not None and previous != incarnation:

@@ -37,6 +37,7 @@ import structlog
 
 from fanout import log as fanout_log
 from fanout.shard_core import ShardCore
+from fanout.wire import pack_batch, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
@@ -214,14 +215,14 @@ class Dispatcher:
                     await asyncio.sleep(0)
         return ready
 
-    async def events(self, node_id: str, events: list[tuple]) -> str:
-        """Apply one node's event batch.
+    async def events(self, node_id: str, events: list[tuple] | bytes) -> str:
+        """Apply one node's event batch (a list, or ``fanout.wire.pack_batch`` of it).
 
         Returns:
             This dispatcher's incarnation (a change tells the node to resend its connections).
         """
         self._calls_in += 1
-        self.core.apply_events(node_id, events)
+        self.core.apply_events(node_id, unpack_batch(events))
         self._kick()
         return self.incarnation
 
@@ -380,7 +381,7 @@ class Dispatcher:
     async def _deliver(self, node: str, handle: Any, sends: list, payloads: dict, kicks: list) -> None:
         started = time.perf_counter()
         try:
-            failures = await handle.deliver.remote(sends, payloads, kicks)
+            failures = await handle.deliver.remote(pack_batch((sends, payloads, kicks)))
             self._deliver_s += time.perf_counter() - started
             if failures:
                 self.core.delivery_failures(node, failures)

@@ -328,7 +328,7 @@ def _frame_name(frame: str) -> str:
     return f"{m.group('func')} ({path})"
 
 
-def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
+def summarize_profile(path: Path, top: int = int(os.environ.get("FANOUT_PROFILE_TOP", "15"))) -> dict[str, Any]:
     """Top functions of a ``py-spy --format raw`` file (collapsed stacks ``a;b;c count``).
 
     Returns:
