@@ -118,9 +118,14 @@ def _start(system: str, cluster: EmbeddedCluster | None = None) -> Any:
     return PeerBroker(system)
 
 
+SCENARIOS = ("fanout", "ingest", "connection_storm", "heartbeat_storm")
+
+
 def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
-                 cluster: EmbeddedCluster | None = None) -> dict[str, Any]:
-    """Scenarios 1, 4 and (this cluster) 2 on one server process; 3 on a fresh one (full mode)."""
+                 cluster: EmbeddedCluster | None = None, scenarios: Sequence[str] = SCENARIOS) -> dict[str, Any]:
+    """Scenarios 1, 4 and (this cluster) 2 on one server process; 3 on a fresh one (full mode).
+
+    ``scenarios`` picks some of :data:`SCENARIOS` (the others are left out of the result)."""
     q = s.quiet_wait_s
     show = ("deliveries_per_s", "latency_p99_ms", "first_delivery_p99_ms", "connect_per_s", "rss_per_conn_bytes",
             "heartbeats_per_s", "server_cpu_us_per_heartbeat", "ack_s", "rows_per_s", "status", "other_load_pct")
@@ -156,12 +161,13 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
                 label=f"{system}-fan{i + 1}"), errors, quiet_wait_s=q, show=show, server_cpu=target.cpu_seconds)
                 for i in range(s.fanout_repeats)]
             out["fanout"] = median_run(runs, "deliveries_per_s")
-            out["heartbeat_storm"] = attempt(NAME, f"{system} heartbeat_storm", lambda: phases.fanout_phase(
-                target, vehicles=s.hb_vehicles, requests=s.hb_requests, vin_prefix=f"{prefix}H", cap_s=s.cap_s,
-                payload_size=s.payload_size, heartbeat_interval=s.hb_vehicles / s.hb_rate, hb_window_s=s.hb_window_s,
-                idle_cpu_per_s=idle_rate, connect_cap_s=s.connect_cap_s, label=f"{system}-hb"),
-                errors, quiet_wait_s=q, show=show, server_cpu=target.cpu_seconds)
-            if system == "fanout":
+            if "heartbeat_storm" in scenarios:
+                out["heartbeat_storm"] = attempt(NAME, f"{system} heartbeat_storm", lambda: phases.fanout_phase(
+                    target, vehicles=s.hb_vehicles, requests=s.hb_requests, vin_prefix=f"{prefix}H", cap_s=s.cap_s,
+                    payload_size=s.payload_size, heartbeat_interval=s.hb_vehicles / s.hb_rate, hb_window_s=s.hb_window_s,
+                    idle_cpu_per_s=idle_rate, connect_cap_s=s.connect_cap_s, label=f"{system}-hb"),
+                    errors, quiet_wait_s=q, show=show, server_cpu=target.cpu_seconds)
+            if system == "fanout" and "ingest" in scenarios:
                 out["ingest"] = {}
                 for n in s.ingest_vins:
                     for mode in ("raw", "client"):
@@ -169,9 +175,9 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
                         out["ingest"][key] = attempt(NAME, f"fanout ingest {key}", lambda n=n, mode=mode: phases.ingest_phase(
                             target, n, mode=mode, vin_prefix=f"FI{mode[0].upper()}{_ingest_key(n).upper()}"),
                             errors, quiet_wait_s=q, show=show, server_cpu=target.cpu_seconds)
-            if not s.fresh_storm_server:
+            if not s.fresh_storm_server and "connection_storm" in scenarios:
                 storm(target)
-        if s.fresh_storm_server:
+        if s.fresh_storm_server and "connection_storm" in scenarios:
             with _start(system) as target:
                 storm(target)
     except Exception as exc:  # the server did not start (e.g. Mosquitto not installed)
@@ -320,7 +326,7 @@ def _notes(s: Sizes, storm_n: int, storm_reason: str | None) -> list[str]:
 
 
 def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str | Path | None = None,
-        cluster: EmbeddedCluster | None = None) -> dict[str, Any]:
+        cluster: EmbeddedCluster | None = None, scenarios: Sequence[str] = SCENARIOS) -> dict[str, Any]:
     """Run every scenario for every system; write ``<results>/fleet_bench[_quick].json`` and ``.png``.
 
     Args:
@@ -329,6 +335,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         out_dir: results folder (default benchmarks/results or ``$FANOUT_BENCH_RESULTS``).
         cluster: an embedded cluster already running, used (and left running) instead of starting one
             (the quick-mode test shares one between both benchmarks); a full-mode storm still starts its own.
+        scenarios: some of :data:`SCENARIOS` (scenario 1, ``fanout``, always runs).
 
     Returns:
         The result object written to JSON.
@@ -346,13 +353,13 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "machine": machine_info(), "versions": {**versions(), "uncommitted": dirty_sources()},
         "params": {**asdict(s), "storm_vehicles_used": storm_n, "storm_limit": storm_reason, "nofile_soft": soft,
                    "nofile_hard": hard, "naive_window": NAIVE_WINDOW, "broker_inflight_window": INFLIGHT_WINDOW,
-                   "mosquitto_installed": mosquitto_binary() is not None},
+                   "mosquitto_installed": mosquitto_binary() is not None, "scenarios": list(scenarios)},
         "targets": TARGETS, "notes": _notes(s, storm_n, storm_reason), "scenarios": {}, "systems": {},
     }
     log(NAME, f"mode={result['mode']} systems={list(systems)} storm={storm_n:,} sizes={asdict(s)}")
     per_system: dict[str, dict[str, Any]] = {}
     for system in systems:
-        per_system[system] = bench_system(system, s, storm_n, errors, cluster)
+        per_system[system] = bench_system(system, s, storm_n, errors, cluster, scenarios)
         result["systems"][system] = flatten(system, per_system[system])
     for scenario in ("fanout", "ingest", "connection_storm", "heartbeat_storm"):
         result["scenarios"][scenario] = {sy: sc.get(scenario) for sy, sc in per_system.items() if scenario in sc}
@@ -375,9 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small numbers (CI smoke)")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
+                        help="scenarios to run (fanout, scenario 1, always runs)")
     parser.add_argument("--out-dir", default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
-    result = run(args.quick, systems=args.systems, out_dir=args.out_dir)
+    result = run(args.quick, systems=args.systems, out_dir=args.out_dir, scenarios=args.scenarios)
     for key, value in {**result["ratios"], **result["targets_met"]}.items():
         log(NAME, f"{key} = {value}")
     return 1 if result["errors"] else 0

@@ -214,22 +214,43 @@ async def ingest_phase(cluster: EmbeddedCluster, vins_count: int, *, mode: str, 
 
 async def drain_phase(cluster: EmbeddedCluster, *, vehicles: int, requests: int, vin_prefix: str, cap_s: float,
                       payload_size: int = 256, connect_cap_s: float = 300.0, fleet_processes: int = 2,
-                      label: str = "drain") -> dict[str, Any]:
-    """Queue ``requests`` x ``vehicles`` rows while the vehicles are offline, then let them drain."""
+                      label: str = "drain", connect_first: bool = False) -> dict[str, Any]:
+    """Queue ``requests`` x ``vehicles`` rows while the vehicles are offline, then let them drain.
+
+    With ``connect_first`` the vehicles connect and subscribe first and the rows are queued then: each
+    vehicle gets its first row at once and the rest queue behind it. The rate then depends on the queued
+    rows and the concurrency only, not on how fast the fleet connects (an offline drain of 10 rows per
+    vehicle is over before 1,000 vehicles have connected, so it measured the connect ramp).
+    """
     vins = vins_for(vin_prefix, vehicles)
     rids = [f"{label}-{i:05d}" for i in range(1, requests + 1)]
-    out: dict[str, Any] = {"vehicles": vehicles, "requests": requests, "queued_rows": vehicles * requests}
-    t0 = time.monotonic()
-    async with PlatformSender(cluster.host, cluster.port, payload_size=payload_size, ack_timeout_s=cap_s) as p:
-        sents = [await p.submit(rid, vins) for rid in rids]
-        await p.all_acked(cap_s)
-    out["queue_s"] = _r(time.monotonic() - t0)
-    out["queue_rows_per_s"] = _r(vehicles * requests / (time.monotonic() - t0), 1)
-    c0 = cluster.cpu_by_role()
+    out: dict[str, Any] = {"vehicles": vehicles, "requests": requests, "queued_rows": vehicles * requests,
+                           "connect_first": connect_first}
     opts = fleet_options(cluster.host, cluster.port, vins, processes=min(fleet_processes, vehicles),
                          expect_order=True, order_ids=rids)
-    fleet = FleetRun(opts, label).start()
-    t_start = time.monotonic()
+    fleet: FleetRun | None = None
+    if connect_first:
+        fleet = FleetRun(opts, label).start()
+        await _subscribed(fleet, connect_cap_s)
+        await fleet.sleep_observed(1.0)  # let the last subscriptions reach the dispatchers
+        c0 = cluster.cpu_by_role()
+    t0 = time.monotonic()
+    try:
+        async with PlatformSender(cluster.host, cluster.port, payload_size=payload_size, ack_timeout_s=cap_s) as p:
+            sents = [await p.submit(rid, vins) for rid in rids]
+            await p.all_acked(cap_s)
+    except BaseException:
+        if fleet is not None:
+            fleet.stop_quietly()
+        raise
+    out["queue_s"] = _r(time.monotonic() - t0)
+    out["queue_rows_per_s"] = _r(vehicles * requests / (time.monotonic() - t0), 1)
+    if fleet is None:
+        c0 = cluster.cpu_by_role()
+        fleet = FleetRun(opts, label).start()
+        t_start = time.monotonic()
+    else:
+        t_start = t0
     try:
         status = await fleet.until("unique", vehicles * requests, max_s=cap_s, stall_s=STALL_S)
         dt = time.monotonic() - t_start
