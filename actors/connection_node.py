@@ -95,6 +95,7 @@ class ConnectionNode:
         self._incarnations: dict[int, str] = {}
         self._ingest_task: asyncio.Task | None = None
         self._flush_handle: asyncio.Handle | None = None
+        self._flush_at = 0.0  # loop time the scheduled flush runs at
         self._fanout_sys: dict[str, Any] = {}
         self._stopping = False
         self._deliver_s = 0.0
@@ -239,12 +240,21 @@ class ConnectionNode:
     # -- shipping batches -------------------------------------------------------------------------------------
 
     def _schedule_flush(self, delay_s: float | None = None) -> None:
-        if self._flush_handle is None and not self._stopping:
-            delay = self._tick_s if delay_s is None else delay_s
-            if delay > 0:
-                self._flush_handle = self._loop.call_later(delay, self._flush)
-            else:
-                self._flush_handle = self._loop.call_soon(self._flush)
+        """Flush after ``delay_s`` (default: one tick); an earlier request replaces a later one, so new
+        work (an ingest ticket, a forward) never waits behind an events wait."""
+        if self._stopping:
+            return
+        delay = self._tick_s if delay_s is None else delay_s
+        at = self._loop.time() + delay
+        if self._flush_handle is not None:
+            if self._flush_at <= at:
+                return
+            self._flush_handle.cancel()
+        self._flush_at = at
+        if delay > 0:
+            self._flush_handle = self._loop.call_later(delay, self._flush)
+        else:
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -263,7 +273,6 @@ class ConnectionNode:
                 self._events_since = now if edge.has_events() else None
             else:
                 # Not worth a call yet: come back when the oldest event has waited long enough.
-                self._flush_handle = None
                 self._schedule_flush(EVENTS_MAX_WAIT_S - waited)
         if edge.has_tickets() and (self._ingest_task is None or self._ingest_task.done()):
             self._ingest_task = loop.create_task(self._run_ingest())
