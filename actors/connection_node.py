@@ -7,8 +7,10 @@ Strategy (after Ray Serve's proxy actor, STYLE.md section 4):
 - What it owns: the :class:`fanout.mqtt.aio.MQTTServer` (live connections and sessions) and the
   :class:`fanout.edge.FanoutEdge` plugged into its broker. All protocol and fanout decisions are in those
   two; this class only ships batches:
-  - events: at most once per ``fanout.tick`` one ``events`` call per dispatcher with everything queued,
-    one call in flight per dispatcher (ordered; while it runs, the next batch accumulates);
+  - events: one ``events`` call per dispatcher with everything queued, once :data:`EVENTS_BATCH` events
+    wait or the oldest has waited :data:`EVENTS_MAX_WAIT_S`; one call in flight per dispatcher (ordered;
+    while it runs, the next batch accumulates). Batches cross Ray as one pickled ``bytes`` (``fanout.wire``);
+  - deliveries: a big ``deliver`` batch reaches the sockets in parts of :data:`DELIVER_CHUNK`;
   - ingest rounds: one task at a time (:meth:`FanoutEdge.process_ingest`);
   - forwards to peers: one ``forward`` call per peer in flight, queued ones go with the next;
   - route announcements: diffs of the local filter set, at most every 50 ms, to every peer.

@@ -10,6 +10,9 @@ Strategy:
   replication layer will ship them in). Batches that queue up while a commit runs are concatenated into
   the next one (group commit: an fsync costs ~1 ms idle but 100+ ms on a busy disk, so per-batch commits
   would serialise ingests behind delete batches). Reads run in the loop (LMDB readers never wait).
+- New batches: a shard's part of a trigger bigger than 2 x :data:`HEAD_WRITE_VINS` is committed in two
+  batches, the first :data:`HEAD_WRITE_VINS` VINs first, which are dispatched and shipped at once (the first
+  deliveries do not wait for the commit of every row); the caller is answered after both commits.
 - The tick: inputs (``events``, ``ingest``) only update state and set a wake flag. The tick task then
   waits ``fanout.tick`` (coalescing everything that arrives meanwhile), drains the plan, writes all acked
   rows' deletes in ONE batch (while one delete batch is being written, the next accumulates) and ships
