@@ -190,8 +190,11 @@ class Dispatcher:
             hbatch, hresults, hlists = self.core.ingest_batch(head)
             if hbatch:
                 await self._write(hbatch)
+                th = time.perf_counter()
                 await self._dispatch_new(hlists)
                 self._tick()  # ship the head's sends now: building the rest's batch holds the loop
+                log.debug("ingest head shipped", shard=self.shard, write_ms=round(1000 * (th - t0), 1),
+                          dispatch_ms=round(1000 * (time.perf_counter() - th), 1))
             head_result = hresults[0]
         batch, results, vin_lists = self.core.ingest_batch(items)
         if head_result is not None:
