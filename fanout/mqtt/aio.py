@@ -84,6 +84,31 @@ class _MQTTProtocol(asyncio.Protocol):
             self._conn.write_paused = False
 
 
+class _LingeringClose(asyncio.Protocol):
+    """Takes over a transport the broker closed during :meth:`MQTTServer.stop`: half-close, then drain.
+
+    Why: ``transport.close()`` stops reading at once, so the PUBACKs a subscriber keeps sending while
+    its last messages are flushed pile up unread; closing a socket with unread input makes the kernel
+    send RST, which discards the bytes still queued on both sides (the subscriber loses messages the
+    broker already acknowledged to their publisher). Sending FIN (``write_eof``) after the pending
+    output and reading until the peer closes is the "lingering close" of web servers.
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: _MQTTProtocol) -> None:
+        self._inner = inner
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the session is over; what the client still sends (PUBACKs, PINGREQs) is discarded
+
+    def eof_received(self) -> bool:
+        return False  # the peer closed its side too: let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+
 class MQTTServer:
     """The MQTT listener of one node: binds, runs the broker core, stops cleanly.
 
@@ -117,6 +142,7 @@ class MQTTServer:
         self._flush_scheduled = False
         self._protocols: set[_MQTTProtocol] = set()
         self._all_closed: asyncio.Event | None = None
+        self._lingering = False  # set by stop(drain=True): closed connections half-close and drain
 
     @property
     def port(self) -> int:
@@ -168,7 +194,11 @@ class MQTTServer:
             if data and not t.is_closing():
                 t.write(data)
             if conn.state >= CLOSED:
-                t.close()
+                if self._lingering and not t.is_closing() and t.can_write_eof():
+                    t.set_protocol(_LingeringClose(t.get_protocol()))
+                    t.write_eof()
+                else:
+                    t.close()
 
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop
@@ -199,6 +229,7 @@ class MQTTServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self._lingering = drain
         n = self.broker.shutdown(publish_wills=publish_wills)
         self._flush()
         if self._protocols:
@@ -217,6 +248,7 @@ class MQTTServer:
                         t.abort()
         await server.wait_closed()
         self._flush()
+        self._lingering = False
         log.info("mqtt stopped", host=self.host, port=port, connections_closed=n, drained=drain)
 
     def __repr__(self) -> str:
