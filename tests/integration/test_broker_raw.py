@@ -136,7 +136,7 @@ def test_connect_timeout(start_broker, raw_client):
     c = raw_client(rb)
     t0 = time.monotonic()
     assert c.is_closed(timeout=3)
-    assert 0.25 < time.monotonic() - t0 < 1.5
+    assert 0.25 < time.monotonic() - t0 < 2.5  # not before the timeout; the upper bound allows a busy machine
 
 
 def test_first_packet_must_be_connect(broker, raw_client):
