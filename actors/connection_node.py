@@ -43,8 +43,8 @@ ROUTE_PERIOD_S = 0.05
 # A deliver batch bigger than this is handed to the sockets in parts of this size: ~15 µs per send, so
 # the first PUBLISHes of a 2,000-send batch leave ~25 ms earlier than after the whole batch.
 DELIVER_CHUNK = 256
-# Events (PUBACKs, heartbeats, connects) go to the dispatchers when this many are queued, or when the
-# oldest has waited EVENTS_MAX_WAIT_S. A Ray call costs a few hundred µs of CPU on each side whatever
+# PUBACK and heartbeat events go to the dispatchers when this many are queued, or when the oldest has
+# waited EVENTS_MAX_WAIT_S (presence changes - connect, disconnect, subscribe, drops - go at the next tick). A Ray call costs a few hundred µs of CPU on each side whatever
 # it carries; shipping every 2 ms tick sent ~30 events per call under load, i.e. ~10 µs per delivery
 # on each side. The wait bounds what an ack -> next send cycle can gain.
 EVENTS_BATCH = 1000
@@ -271,7 +271,7 @@ class ConnectionNode:
             if self._events_since is None:
                 self._events_since = now
             waited = now - self._events_since
-            if waited >= EVENTS_MAX_WAIT_S or edge.pending_events() >= EVENTS_BATCH:
+            if waited >= EVENTS_MAX_WAIT_S or edge.urgent_events or edge.pending_events() >= EVENTS_BATCH:
                 for shard, events in edge.take_events(self._events_busy).items():
                     self._events_busy.add(shard)
                     self._event_calls += 1

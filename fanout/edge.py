@@ -87,6 +87,8 @@ class FanoutEdge(BrokerHooks):
         self._cover: dict[str, set[str]] = {}  # client id -> its filters covering the delivery filter
         self._out: list[list[tuple]] = [[] for _ in range(self.shards)]
         self._pending_shards: set[int] = set()
+        # A queued event other than a PUBACK or heartbeat (those are the bulk, and wait for a fuller batch).
+        self.urgent_events = False
         self._tickets: list[IngestTicket] = []
         self.delivered = 0
         self.deliver_failures = 0
@@ -138,6 +140,8 @@ class FanoutEdge(BrokerHooks):
     def _emit(self, shard: int, event: tuple) -> None:
         self._out[shard].append(event)
         self._pending_shards.add(shard)
+        if event[0] != EV_HEARTBEAT:
+            self.urgent_events = True  # presence changes (connect, subscribe, drop) ship at the next tick
 
     def _delivery_filter(self, client_id: str) -> str:
         return f"{self._prefix.replace(VIN_PLACEHOLDER, client_id)}/+"
@@ -231,6 +235,8 @@ class FanoutEdge(BrokerHooks):
             taken[shard] = self._out[shard]
             self._out[shard] = []
             self._pending_shards.discard(shard)
+        if not self._pending_shards:
+            self.urgent_events = False
         return taken
 
     def sync_events(self, shard: int) -> list[tuple]:
