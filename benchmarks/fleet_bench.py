@@ -362,6 +362,8 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     """
     s = QUICK if quick else FULL
     name = f"{NAME}_quick" if quick else NAME
+    if set(scenarios) != set(SCENARIOS):  # a subset must not overwrite the full run's results
+        name += "_" + "_".join(sc for sc in SCENARIOS if sc in scenarios)
     fanout_log.configure(level="warning")
     soft, hard = raise_nofile_limit()
     storm_n, storm_reason = storm_size(s.storm_vehicles)
