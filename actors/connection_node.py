@@ -40,20 +40,41 @@ ROUTE_PERIOD_S = 0.05
 
 
 class _RayShardLink:
-    """:class:`fanout.ingest.ShardLink` over dispatcher actor handles."""
+    """:class:`fanout.ingest.ShardLink` over dispatcher actor handles.
+
+    A call to a shard whose dispatcher is replaced (failover) fails at once instead of hanging on the dead
+    actor: its tickets are rejected and the platform resends them to the new primary (idempotent).
+    """
 
     def __init__(self, handles: list[Any]) -> None:
         self._handles = handles
         self.shards = len(handles)
+        self._replaced: dict[int, asyncio.Future] = {}
+
+    def replaced(self, shard: int) -> None:
+        fut = self._replaced.pop(shard, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _call(self, shard: int, method: str, arg: Any) -> Any:
+        fut = self._replaced.get(shard)
+        if fut is None or fut.done():
+            fut = self._replaced[shard] = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(getattr(self._handles[shard], method).remote(arg))
+        await asyncio.wait((call, fut), return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            raise RuntimeError(f"dispatcher of shard {shard} replaced during the call")
+        return call.result()
 
     async def put_blobs(self, shard: int, items: list[tuple]) -> Any:
-        return await self._handles[shard].put_blobs.remote(items)
+        return await self._call(shard, "put_blobs", items)
 
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
-        return await self._handles[shard].has_data.remote(data_ids)
+        return await self._call(shard, "has_data", data_ids)
 
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
-        return await self._handles[shard].ingest.remote(items)
+        return await self._call(shard, "ingest", items)
 
 
 @ray.remote(num_cpus=0)
@@ -77,7 +98,8 @@ class ConnectionNode:
         self._port = port
         self._dispatchers = list(dispatchers)
         self._tick_s = config.fanout.tick_ms / 1000.0
-        self.edge = FanoutEdge(config, node_id, _RayShardLink(self._dispatchers), on_pending=self._schedule_flush)
+        self._link = _RayShardLink(self._dispatchers)
+        self.edge = FanoutEdge(config, node_id, self._link, on_pending=self._schedule_flush)
         self.server: Any = None
         self._peers: dict[str, Any] = {}
         self._events_busy: set[int] = set()
@@ -165,6 +187,22 @@ class ConnectionNode:
         """
         n = len(self.edge.sync_events(shard))
         self._schedule_flush()
+        return n
+
+    async def set_dispatcher(self, shard: int, handle: Any) -> int:
+        """Failover: ``shard`` has a new primary. Calls to the old one fail now (their tickets are rejected and
+        resent by the platform) and this node resends its pending events (its connections of the shard).
+
+        Returns:
+            The number of connections resent.
+        """
+        self._dispatchers[shard] = handle  # the shard link shares this list
+        self._link.replaced(shard)
+        self._events_busy.discard(shard)
+        self._incarnations.pop(shard, None)
+        n = len(self.edge.sync_events(shard))
+        self._schedule_flush()
+        log.warning("shard primary replaced, pending events resent", shard=shard, connections=n)
         return n
 
     async def kick(self, client_ids: list[str]) -> int:
