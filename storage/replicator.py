@@ -15,8 +15,9 @@ fakes through :class:`ReplicaTransport`):
 - The acknowledgement set is the replicas that are *in sync*. Seq n is acknowledged (its waiters resolve)
   when every in-sync replica acked n and at least ``min_acks`` of them did. A replica that errs or does not
   answer within ``timeout_s`` leaves the set (writes stop waiting for it); it rejoins when its pump has
-  brought it up to the log's last seq (catch-up). With fewer than ``min_acks`` in sync, writes wait until a
-  replica rejoins or ``timeout_s`` passes, then fail with :class:`ReplicationUnavailable` (no PUBACK; the
+  brought it up to the log's last seq (catch-up). A replica named by :meth:`set_replicas` is presumed in sync
+  until it fails. With fewer than ``min_acks`` in sync, writes wait until a replica rejoins or ``2 * timeout_s``
+  passes, then fail with :class:`ReplicationUnavailable` (no PUBACK; the
   platform retries, and ingest is idempotent).
 - Before :meth:`set_replicas` was called at least once (a restarted primary that has not yet learned its
   replicas from the controller), writes wait the same way, so nothing is acknowledged unreplicated.
@@ -125,7 +126,9 @@ class Replicator:
         """
         self.primary.log.append(shipment.seq, shipment.batch_bytes)
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.append((shipment.seq, fut, time.monotonic() + self.timeout_s))
+        # Twice the replica timeout: a stalled replica is dropped from the ack set (after timeout_s) before
+        # a write that could go on without it is failed.
+        self._waiters.append((shipment.seq, fut, time.monotonic() + 2 * self.timeout_s))
         for r in self._replicas.values():
             r.wake.set()
         self._settle()
@@ -147,7 +150,9 @@ class Replicator:
             if old is not None:
                 old.transport = transport
                 continue
-            r = _Replica(rid, transport)
+            # Presumed in the ack set until it fails or times out: a write right after start-up (or after a
+            # failover) waits for the replicas the controller named instead of being acknowledged on the primary alone.
+            r = _Replica(rid, transport, in_sync=True)
             self._replicas[rid] = r
             r.task = asyncio.get_running_loop().create_task(self._pump(r))
         log.info("replicas set", shard=self.primary.store.shard_id, epoch=self.epoch, replicas=sorted(replicas),
