@@ -12,8 +12,8 @@ Strategy:
   stays the primary's). Without a layout: ``shard-<k>`` and ``replica-<k>-<n>``.
 - Failure detection (:meth:`ShardSet.watch_once`, every ``fanout.heartbeat_interval``): one
   ``check_health`` probe in flight per primary, per replica and per connection node. A primary silent for
-  ``fanout.failover_timeout`` whose Ray node is silent too (its connection node does not answer), or dead
-  for good, is failed over; a replica lost that way is replaced by a new one on another node (caught up by
+  ``fanout.failover_timeout`` whose Ray node is silent too (its connection node does not answer) is failed
+  over; a replica lost that way is replaced by a new one on another node (caught up by
   snapshot + log). An actor killed on a live node is restarted by Ray on its own data and caught up, which
   loses nothing and is cheaper than a failover: it is failed over only when silent ``RESTART_GRACE``
   timeouts.
@@ -88,6 +88,7 @@ class ShardSet:
         self._nodes = nodes
         self._node_handles = node_handles  # {ray_node_id: ConnectionNode}: probed to tell node death from process death
         self._node_probes: dict[str, _Loc] = {}
+        self._last_round = 0.0
         self.primaries: list[_Loc] = []
         self.replicas: list[dict[str, _Loc]] = []
         self.epochs: list[int] = []
@@ -204,12 +205,11 @@ class ShardSet:
     # -- failure detection ---------------------------------------------------------------------------------------
 
     def _down(self, loc: _Loc, now: float, timeout: float) -> bool:
-        """Whether ``loc`` counts as lost: dead for good, or silent past ``timeout`` on a Ray node whose
+        """Whether ``loc`` counts as lost: silent past ``timeout`` on a Ray node whose
         connection node is silent too (the node died). Silent on a live node means its process died and Ray
         is restarting it on its data (cheaper than a failover and loses nothing): wait up to
         ``RESTART_GRACE`` timeouts before giving up on it."""
-        if _probe(loc) == "dead":
-            return True
+        _probe(loc)
         silent = now - loc.last_ok
         if silent <= timeout:
             return False
@@ -226,8 +226,14 @@ class ShardSet:
     async def watch_once(self) -> None:
         """One round of probes; fail over lost primaries, replace lost replicas."""
         timeout = self.config.fanout.failover_timeout_ms / 1000.0
-        self._probe_nodes()
         now = time.monotonic()
+        if now - self._last_round > timeout / 2:
+            # Not probing for a while (start-up, a stalled controller): silence since then says nothing.
+            for loc in [*self.primaries, *(r for reps in self.replicas for r in reps.values()),
+                        *self._node_probes.values()]:
+                loc.last_ok = max(loc.last_ok, now)
+        self._last_round = now
+        self._probe_nodes()
         for k in range(len(self.primaries)):
             if k in self._busy:
                 continue
@@ -350,23 +356,23 @@ class ShardSet:
         self.primaries, self.replicas = [], []
 
 
-def _probe(loc: _Loc) -> str:
-    """Advance ``loc``'s health probe: ``ok`` (answered, timestamp updated), ``dead`` (gone for good), ``wait``."""
+def _probe(loc: _Loc) -> None:
+    """Advance ``loc``'s health probe (one in flight); an answer updates ``last_ok``.
+
+    Errors only mean "not ok": a call in flight when the process died raises ``ActorDiedError`` even though Ray
+    is restarting the actor, so no error is taken as death; silence (``last_ok``) decides.
+    """
     t = loc.probe
     if t is not None and t.done():
         loc.probe = None
-        exc = t.exception()
-        if exc is None:
+        if not t.cancelled() and t.exception() is None:
             loc.last_ok = time.monotonic()
-        elif isinstance(exc, ray.exceptions.ActorDiedError):
-            return "dead"
     if loc.probe is None:
         loc.probe = asyncio.ensure_future(_health(loc.handle))
-    return "wait"
 
 
 async def _health(handle: Any) -> None:
-    await handle.check_health.remote()
+    await asyncio.wait_for(handle.check_health.remote(), PROBE_TIMEOUT_S)  # a hung call must not stop probing
 
 
 def _why(loc: _Loc, now: float) -> str:
