@@ -304,7 +304,7 @@ class ShardSet:
                   "seconds": round(time.monotonic() - started, 3), "reason": reason}
         self.failovers.append(result)
         log.warning("shard failed over", **result)
-        asyncio.get_running_loop().create_task(self._restore_count(k))
+        asyncio.get_running_loop().create_task(self._restore_count(k, avoid={old.ray_node_id}))
         return result
 
     async def replace_replica(self, k: int, rid: str) -> None:
@@ -325,11 +325,15 @@ class ShardSet:
         from .controller import fanout_ray_nodes
 
         avoid = set(avoid or ())
-        while len(self.replicas[k]) < self.config.fanout.replicas:
-            used = {self.primaries[k].ray_node_id} | {r.ray_node_id for r in self.replicas[k].values()} | avoid
-            nodes = fanout_ray_nodes()
-            rn = next((n for n in nodes if n["NodeID"] not in used), None) or next(
-                (n for n in nodes if n["NodeID"] not in avoid), None)
+        timeout = self.config.fanout.failover_timeout_ms / 1000.0
+        for _attempt in range(5):  # bounded: a node Ray still lists may be dead (its GCS health check is slower)
+            if len(self.replicas[k]) >= self.config.fanout.replicas:
+                return
+            now = time.monotonic()
+            silent = {rid for rid, loc in self._node_probes.items() if now - loc.last_ok > timeout}
+            used = {self.primaries[k].ray_node_id} | {r.ray_node_id for r in self.replicas[k].values()}
+            nodes = [n for n in fanout_ray_nodes() if n["NodeID"] not in avoid | silent]
+            rn = next((n for n in nodes if n["NodeID"] not in used), None) or next(iter(nodes), None)
             if rn is None:
                 log.error("no node for a new replica", shard=k)
                 return
@@ -337,7 +341,17 @@ class ShardSet:
             self._next_rid[k] += 1
             rid, path = f"r{i}", str(replica_dir(self.data_dir, k, i))
             handle = StoreReplica.options(scheduling_strategy=_affinity(rn["NodeID"])).remote(self.config, k, rid, path)
-            await asyncio.wait_for(handle.ready.remote(), START_TIMEOUT_S)
+            try:
+                await asyncio.wait_for(handle.ready.remote(), START_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("new replica did not start, trying another node", shard=k, node=rn["NodeID"],
+                            error=str(exc)[:200])
+                avoid.add(rn["NodeID"])
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:
+                    pass
+                continue
             self.replicas[k][rid] = _Loc(handle, path, rn, rid)
             self._save_layout()
             await self._wire(k)

@@ -104,7 +104,10 @@ def test_connection_node_killed_vehicles_reconnect_elsewhere_and_get_everything_
             for car in held:
                 car.client.loop_stop()
             fleet = Fleet(port_of(fanout, head), vins)
-            wait_until(lambda: fleet.has_all(pub.acked), 90, "everything pending delivered on the other node")
+            try:
+                wait_until(lambda: fleet.has_all(pub.acked), 60, "everything pending delivered on the other node")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; got {fleet.got}; {fanout.inspect('vin', vins[0])}") from None
         finally:
             pub.close()
             if fleet is not None:
