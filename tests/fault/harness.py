@@ -170,6 +170,8 @@ class Fleet:
             car = Vehicle(port, v, manual_ack=not auto_ack)
             car.client.on_message = self._recorder(car, v)
             self.cars.append(car)
+        for car in self.cars:  # connect and subscribe never send (MQTT contract): "online" is the trigger
+            car.heartbeat("online")
 
     def _recorder(self, car: Any, vin: str) -> Any:
         def on_message(client: Any, userdata: Any, msg: Any) -> None:
