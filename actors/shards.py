@@ -304,7 +304,7 @@ class ShardSet:
                   "seconds": round(time.monotonic() - started, 3), "reason": reason}
         self.failovers.append(result)
         log.warning("shard failed over", **result)
-        asyncio.get_running_loop().create_task(self._restore_count(k, avoid={old.ray_node_id}))
+        asyncio.get_running_loop().create_task(self._restore_count(k, prefer_not={old.ray_node_id}))
         return result
 
     async def replace_replica(self, k: int, rid: str) -> None:
@@ -318,20 +318,21 @@ class ShardSet:
         except Exception:
             pass
         await self._wire(k)
-        await self._restore_count(k, avoid={old.ray_node_id})
+        await self._restore_count(k, prefer_not={old.ray_node_id})
 
-    async def _restore_count(self, k: int, avoid: set[str] | None = None) -> None:
-        """Start new replicas (fresh directories, caught up by snapshot + log) up to ``fanout.replicas``."""
+    async def _restore_count(self, k: int, prefer_not: set[str] | None = None) -> None:
+        """Start new replicas (fresh directories, caught up by snapshot + log) up to ``fanout.replicas``, on a node
+        without a copy of the shard (and not in ``prefer_not``) if there is one, never on a silent node."""
         from .controller import fanout_ray_nodes
 
-        avoid = set(avoid or ())
+        avoid: set[str] = set()
         timeout = self.config.fanout.failover_timeout_ms / 1000.0
         for _attempt in range(5):  # bounded: a node Ray still lists may be dead (its GCS health check is slower)
             if len(self.replicas[k]) >= self.config.fanout.replicas:
                 return
             now = time.monotonic()
             silent = {rid for rid, loc in self._node_probes.items() if now - loc.last_ok > timeout}
-            used = {self.primaries[k].ray_node_id} | {r.ray_node_id for r in self.replicas[k].values()}
+            used = {self.primaries[k].ray_node_id} | {r.ray_node_id for r in self.replicas[k].values()} | set(prefer_not or ())
             nodes = [n for n in fanout_ray_nodes() if n["NodeID"] not in avoid | silent]
             rn = next((n for n in nodes if n["NodeID"] not in used), None) or next(iter(nodes), None)
             if rn is None:
