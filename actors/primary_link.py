@@ -55,7 +55,8 @@ class PrimaryLink:
         plog = ReplicationLog(store.applied_seq, max_entries=st.replication_log_entries,
                               max_bytes=st.replication_log_size_bytes)
         self.replicator = Replicator(ShardPrimary(store, epoch, plog), min_acks=int(replication.get("min_acks", 0)),
-                                     timeout_s=config.fanout.replica_timeout_ms / 1000.0, expect_replicas=True)
+                                     timeout_s=config.fanout.replica_timeout_ms / 1000.0, expect_replicas=True,
+                                     loop=asyncio.get_event_loop())
 
     @property
     def epoch(self) -> int:

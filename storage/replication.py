@@ -124,6 +124,18 @@ class ReplicationLog:
             self._bytes -= len(dropped)
             self._base += 1
 
+    def drop_last(self, seq: int) -> bool:
+        """Remove the newest entry if it is ``seq`` (a batch shipped before its local apply failed).
+
+        Returns:
+            Whether it was removed.
+        """
+        if not self._entries or self._entries[-1][0] != seq:
+            return False
+        _, data = self._entries.pop()
+        self._bytes -= len(data)
+        return True
+
     def since(self, seq: int) -> list[LogEntry] | None:
         """Entries from ``seq`` (inclusive) to the newest.
 

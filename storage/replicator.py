@@ -3,10 +3,13 @@
 Strategy (transport-agnostic asyncio; the ``Dispatcher`` plugs in Ray handles, unit tests plug in-process
 fakes through :class:`ReplicaTransport`):
 
-- The primary applies a group of batches locally as seq n (``ShardPrimary.write`` on the writer thread),
-  then :meth:`Replicator.shipped` appends it to the bounded ``ReplicationLog`` and wakes one *pump* per
-  replica. The writer does not wait for replicas before applying seq n+1: local apply and replica apply
-  overlap (pipelining), so replication costs throughput only where the replica is slower than the primary.
+- The primary ships a batch BEFORE applying it locally: on the writer thread :meth:`Replicator.apply_local`
+  serialises batch n, hands it to the event loop (appended to the bounded ``ReplicationLog``, one *pump* per
+  replica woken), then applies it as seq n. The replicas apply n while the primary does, so a write costs
+  max(local apply, replica round trip) instead of their sum; and the writer does not wait for replicas
+  before applying n+1 either (pipelining). If the local apply fails after shipping, the entry is retracted
+  and every replica is reinstalled from a snapshot (it may have applied a batch the primary never did; this
+  happens only for a store error such as a full disk: a malformed batch fails on the replica too).
 - A pump keeps ONE call in flight to its replica and each call carries every log entry the replica lacks
   (``apply_many``): batches that queue up while a call runs go out together in the next one. Replies follow
   the replica rules of :mod:`storage.replication`: ``Ack(n)`` advances the replica, ``Need(s)`` rewinds the
@@ -74,6 +77,7 @@ class _Replica:
     in_sync: bool = False
     errors: int = 0
     last_error: str = ""
+    generation: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
 
@@ -90,8 +94,9 @@ class Replicator:
     """
 
     def __init__(self, primary: ShardPrimary, *, min_acks: int = 0, timeout_s: float = 5.0,
-                 expect_replicas: bool = False) -> None:
+                 expect_replicas: bool = False, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.primary = primary
+        self._loop = loop
         self.min_acks = min_acks
         self.timeout_s = timeout_s
         self._configured = not expect_replicas
@@ -111,11 +116,38 @@ class Replicator:
         """Apply on the primary (writer thread). Raises ``FencedError`` once a replica deposed this primary."""
         if self._fenced is not None:
             raise self._fenced
-        # Not ShardPrimary.write: that appends to the log on this (writer) thread while pumps read it on the
-        # event loop; ``shipped`` appends on the loop instead, in seq order.
-        result = self.primary.store.apply(batch, epoch=self.primary.epoch)
-        data = batch.to_bytes()  # after apply: enqueue VIN lists are sorted in place, replicas re-sort in O(n)
+        store = self.primary.store
+        seq = store.applied_seq + 1  # this thread is the store's only writer: the seq is known before applying
+        data = batch.to_bytes()
+        loop = self._loop
+        if loop is not None:  # ship first (see the module docstring); the loop appends in call order = seq order
+            loop.call_soon_threadsafe(self._logged, seq, data)
+        try:
+            result = store.apply(batch, seq=seq, epoch=self.primary.epoch)
+        except BaseException:
+            if loop is not None:
+                loop.call_soon_threadsafe(self._retract, seq)
+            raise
         return Shipment(self.epoch, result.seq, data, result)
+
+    def _logged(self, seq: int, data: bytes) -> None:
+        plog = self.primary.log
+        if seq == plog.last_seq + 1:
+            plog.append(seq, data)
+            for r in self._replicas.values():
+                r.wake.set()
+
+    def _retract(self, seq: int) -> None:
+        """The local apply of a shipped ``seq`` failed: forget it; replicas that may hold it get a snapshot."""
+        if not self.primary.log.drop_last(seq):
+            return
+        log.error("local apply failed after shipping: replicas will be reinstalled by snapshot",
+                  shard=self.primary.store.shard_id, seq=seq)
+        for r in self._replicas.values():
+            r.generation += 1  # replies to calls made before this are ignored
+            r.next_seq = 0
+            r.acked = -1
+            self._drop(r, f"seq {seq} retracted")
 
     def shipped(self, shipment: Shipment) -> asyncio.Future:
         """Log the applied batch (event-loop thread, in seq order) and return a future of its acknowledgement.
@@ -124,7 +156,7 @@ class Replicator:
             A future resolved when the batch is replicated as required, failed with ``ReplicationUnavailable``
             or ``FencedError`` otherwise.
         """
-        self.primary.log.append(shipment.seq, shipment.batch_bytes)
+        self._logged(shipment.seq, shipment.batch_bytes)  # no-op when shipped early by apply_local
         fut = asyncio.get_running_loop().create_future()
         # Twice the replica timeout: a stalled replica is dropped from the ack set (after timeout_s) before
         # a write that could go on without it is failed.
@@ -242,6 +274,7 @@ class Replicator:
         backoff = 0.05
         plog = self.primary.log
         while not self._closed and self._fenced is None:
+            generation = r.generation
             try:
                 if r.next_seq < 0:
                     reply = await self._call(r, r.transport.hello(self.epoch))
@@ -270,7 +303,8 @@ class Replicator:
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
                 continue
-            self._on_reply(r, reply)
+            if generation == r.generation:  # else a retraction happened meanwhile: the reply may ack a stale seq
+                self._on_reply(r, reply)
 
     def _on_reply(self, r: _Replica, reply: ReplicaReply) -> None:
         if isinstance(reply, Rejected):

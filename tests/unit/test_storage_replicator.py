@@ -226,3 +226,39 @@ def test_replica_that_saw_a_newer_epoch_fences_the_old_primary(env):
 
     run(main())
     assert replicas[0].applier.applied_seq == 0
+
+
+def test_shipped_before_local_apply_and_a_failed_local_apply_reinstalls_replicas(env, monkeypatch):
+    """Early shipping: with the loop given, replicas receive batch n while the primary applies it. A local apply
+    that fails after shipping retracts n; a replica that applied it is reinstalled by snapshot, so its tables
+    equal the primary's again (it never keeps a batch the primary does not have)."""
+    store, replicas = env
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        rep = Replicator(ShardPrimary(store, 1, ReplicationLog(store.applied_seq)), min_acks=1, timeout_s=1.0,
+                         expect_replicas=True, loop=loop)
+        rep.set_replicas({"a": replicas[0]})
+        for i in range(1, 4):
+            shipment = await loop.run_in_executor(None, rep.apply_local, sample_batch(i))
+            assert await rep.shipped(shipment) == i
+        real_apply = store.apply
+
+        def failing_apply(batch, **kw):
+            import time as _t
+            _t.sleep(0.3)  # the replica applies the shipped batch meanwhile
+            raise StoreError("disk full (test)")
+
+        from storage import StoreError
+        monkeypatch.setattr(store, "apply", failing_apply)
+        with pytest.raises(StoreError):
+            await loop.run_in_executor(None, rep.apply_local, sample_batch(4))
+        monkeypatch.setattr(store, "apply", real_apply)
+        await asyncio.sleep(0)
+        assert rep.primary.log.last_seq == 3
+        shipment = await loop.run_in_executor(None, rep.apply_local, sample_batch(5))
+        assert await rep.shipped(shipment) == 4
+        rep.close()
+
+    run(main())
+    assert table_digests(store) == table_digests(replicas[0].applier.store)
