@@ -283,6 +283,11 @@ class ShardSet:
             raise RuntimeError(f"shard {k}: no live replica to promote")
         best, info = max(alive, key=lambda ri: (ri[1]["applied_seq"], ri[1]["epoch"]))
         epoch = max([self.epochs[k]] + [i["epoch"] for _, i in alive]) + 1
+        # The replacement replica starts while the promotion runs: with min_replicas_to_ack >= 1 and no other
+        # replica left, the new primary's first writes wait for it.
+        missing = self.config.fanout.replicas - (len(reps) - 1)
+        spawn = (asyncio.ensure_future(self._spawn_replica(k, {old.ray_node_id, best.ray_node_id}))
+                 if missing > 0 else None)
         closed = await best.handle.promote.remote()
         ray.kill(best.handle, no_restart=True)
         ray_node = {"NodeID": best.ray_node_id, "NodeManagerAddress": best.address}
@@ -294,12 +299,19 @@ class ShardSet:
         self.epochs[k] = epoch
         del self.replicas[k][best.rid]
         self._save_layout()
-        await self._wire(k)
+        await self._wire(k)  # the remaining replicas (none: writes wait for the spawned one)
         nodes = self._nodes()
         await handle.set_nodes.remote(nodes)
-        await asyncio.wait(  # a node on the dead Ray node never answers: bounded
-            [asyncio.ensure_future(h.set_dispatcher.remote(k, handle)) for h in nodes.values()],
-            timeout=PROBE_TIMEOUT_S)
+        # Nodes first: the new primary can resend what is pending (sends need no write) while the new replica
+        # starts. A node on the dead Ray node never answers: bounded.
+        await asyncio.wait([asyncio.ensure_future(h.set_dispatcher.remote(k, handle)) for h in nodes.values()],
+                           timeout=PROBE_TIMEOUT_S)
+        if spawn is not None:
+            loc = await spawn
+            if loc is not None:
+                self.replicas[k][loc.rid] = loc
+                self._save_layout()
+                await self._wire(k)
         result = {"shard": k, "epoch": epoch, "replica": best.rid, "applied_seq": closed["applied_seq"],
                   "seconds": round(time.monotonic() - started, 3), "reason": reason}
         self.failovers.append(result)
@@ -321,23 +333,32 @@ class ShardSet:
         await self._restore_count(k, prefer_not={old.ray_node_id})
 
     async def _restore_count(self, k: int, prefer_not: set[str] | None = None) -> None:
-        """Start new replicas (fresh directories, caught up by snapshot + log) up to ``fanout.replicas``, on a node
-        without a copy of the shard (and not in ``prefer_not``) if there is one, never on a silent node."""
+        """Start new replicas (fresh directories, caught up by snapshot + log) up to ``fanout.replicas``."""
+        while len(self.replicas[k]) < self.config.fanout.replicas:
+            used = {self.primaries[k].ray_node_id} | {r.ray_node_id for r in self.replicas[k].values()}
+            loc = await self._spawn_replica(k, used | set(prefer_not or ()))
+            if loc is None:
+                return
+            self.replicas[k][loc.rid] = loc
+            self._save_layout()
+            await self._wire(k)
+            log.info("replica added", shard=k, replica=loc.rid, path=loc.path)
+
+    async def _spawn_replica(self, k: int, prefer_not: set[str]) -> _Loc | None:
+        """A new, started StoreReplica of shard ``k`` (not wired): on a node outside ``prefer_not`` if there is
+        one, never on a silent node (Ray may still list a dead node: its GCS health check is slower)."""
         from .controller import fanout_ray_nodes
 
         avoid: set[str] = set()
         timeout = self.config.fanout.failover_timeout_ms / 1000.0
-        for _attempt in range(5):  # bounded: a node Ray still lists may be dead (its GCS health check is slower)
-            if len(self.replicas[k]) >= self.config.fanout.replicas:
-                return
+        for _attempt in range(5):  # bounded
             now = time.monotonic()
             silent = {rid for rid, loc in self._node_probes.items() if now - loc.last_ok > timeout}
-            used = {self.primaries[k].ray_node_id} | {r.ray_node_id for r in self.replicas[k].values()} | set(prefer_not or ())
             nodes = [n for n in fanout_ray_nodes() if n["NodeID"] not in avoid | silent]
-            rn = next((n for n in nodes if n["NodeID"] not in used), None) or next(iter(nodes), None)
+            rn = next((n for n in nodes if n["NodeID"] not in prefer_not), None) or next(iter(nodes), None)
             if rn is None:
                 log.error("no node for a new replica", shard=k)
-                return
+                return None
             i = self._next_rid[k]
             self._next_rid[k] += 1
             rid, path = f"r{i}", str(replica_dir(self.data_dir, k, i))
@@ -353,10 +374,8 @@ class ShardSet:
                 except Exception:
                     pass
                 continue
-            self.replicas[k][rid] = _Loc(handle, path, rn, rid)
-            self._save_layout()
-            await self._wire(k)
-            log.info("replica added", shard=k, replica=rid, path=path)
+            return _Loc(handle, path, rn, rid)
+        return None
 
     async def close(self) -> None:
         """Close every store (primaries first: they stop shipping), then kill the actors."""

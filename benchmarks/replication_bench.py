@@ -114,7 +114,7 @@ def _failover_once(tmp: Path) -> dict[str, Any]:
     import ray
 
     from fanout.wire import shard_of
-    from tests.fault.harness import NODE_ARGS, Fleet, Publisher, handles, port_of
+    from tests.fault.harness import NODE_ARGS, Fleet, Publisher, handles, kill_node, port_of
     from tests.integration.fanout_harness import running_cluster
 
     from ray.cluster_utils import Cluster
@@ -148,11 +148,10 @@ def _failover_once(tmp: Path) -> dict[str, Any]:
                 deadline = time.monotonic() + 30
                 while not fleet.has_all(["fo-first"]) and time.monotonic() < deadline:
                     time.sleep(0.02)
-                node = next(n for n in cluster.worker_nodes if n.node_id == h["primary_ray_nodes"][k])
                 sent_before = len(pub.acked)
                 worker = threading.Thread(target=keep_publishing, daemon=True)
                 killed = time.monotonic()
-                cluster.remove_node(node, allow_graceful=False)
+                kill_node(cluster, fanout, h["primary_ray_nodes"][k])  # kill -9 its actors, SIGKILL its raylet
                 worker.start()
                 first = None
                 deadline = killed + 60

@@ -85,6 +85,28 @@ def kill9(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def kill_node(cluster: Any, fanout: Any, ray_node_id: str) -> list[int]:
+    """kill -9 every fanout actor process on a Ray node (they would otherwise outlive their raylet for a
+    moment and keep serving), then SIGKILL the node's raylet and the rest with ``remove_node``.
+
+    Returns:
+        The actor pids killed.
+    """
+    h = handles(fanout)
+    calls = [d.__ray_call__.remote(lambda self: (ray.get_runtime_context().get_node_id(), os.getpid()))
+             for d in h["dispatchers"]]
+    calls += [r.__ray_call__.remote(lambda self: (ray.get_runtime_context().get_node_id(), os.getpid()))
+              for reps in h["replicas"] for r in reps.values()]
+    calls += [n.__ray_call__.remote(lambda self: (ray.get_runtime_context().get_node_id(), os.getpid()))
+              for n in h["nodes"].values()]
+    pids = [pid for node, pid in ray.get(calls, timeout=30) if node == ray_node_id]
+    node = next(n for n in cluster.worker_nodes if n.node_id == ray_node_id)
+    for pid in pids:
+        kill9(pid)
+    cluster.remove_node(node, allow_graceful=False)
+    return pids
+
+
 def port_of(fanout: Any, ray_node_id: str | None = None, *, not_on: str | None = None) -> int:
     """Listener port of the connection node on ``ray_node_id`` (or on any other node than ``not_on``)."""
     for n in fanout.nodes:
@@ -200,4 +222,4 @@ def request_rows(fanout: Any, request_id: str) -> int:
 
 
 __all__ = ["FAULT_VINS", "three_node_ray", "fault_config", "fanout_on", "handles", "replication", "actor_pid",
-           "kill9", "port_of", "Publisher", "Fleet", "request_rows", "wait_until"]
+           "kill9", "kill_node", "port_of", "Publisher", "Fleet", "request_rows", "wait_until"]

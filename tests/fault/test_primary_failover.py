@@ -13,7 +13,7 @@ import time
 import ray
 
 from .harness import (
-    FAULT_VINS, Fleet, Publisher, actor_pid, fanout_on, fault_config, handles, kill9, port_of, replication,
+    FAULT_VINS, Fleet, Publisher, fanout_on, fault_config, handles, kill_node, port_of, replication,
     request_rows, three_node_ray, wait_until,
 )
 
@@ -51,13 +51,9 @@ def test_primary_node_killed_mid_ingest_loses_no_acknowledged_trigger(tmp_path):
         try:
             worker.start()
             wait_until(lambda: len(pub.acked) >= triggers // 3 or done.is_set(), 120, "a third of the ingest")
-            primary_pid = actor_pid(h["dispatchers"][victim_shard]) if not done.is_set() else None
-            node = next(n for n in cluster.worker_nodes if n.node_id == victim_ray_node)
-            killed_at = time.monotonic()
             acked_before_kill = len(pub.acked)
-            if primary_pid:
-                kill9(primary_pid)
-            cluster.remove_node(node, allow_graceful=False)  # SIGKILL of the raylet and everything on it
+            killed_at = time.monotonic()
+            assert kill_node(cluster, fanout, victim_ray_node), "no fanout process on the victim node"
             assert done.wait(240), "ingest did not finish after the failover"
             assert not failure, failure
             assert acked_before_kill < triggers, "the kill must land during the ingest"
