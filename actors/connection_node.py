@@ -87,15 +87,19 @@ class ConnectionNode:
         host: listener address.
         port: listener port (0 = any free port; :meth:`ready` reports the real one).
         dispatchers: dispatcher handles, index = shard.
+        reuse_port: bind with SO_REUSEPORT (``mqtt.listeners_per_node`` > 1: several listeners of one
+            machine share the port and the kernel spreads connections over them).
     """
 
-    def __init__(self, config: Any, node_id: str, host: str, port: int, dispatchers: list[Any]) -> None:
+    def __init__(self, config: Any, node_id: str, host: str, port: int, dispatchers: list[Any],
+                 reuse_port: bool = False) -> None:
         fanout_log.ensure_configured()
         gc.set_threshold(*GC_THRESHOLDS)
         self.config = config
         self.node_id = node_id
         self.host = host
         self._port = port
+        self._reuse_port = reuse_port
         self._dispatchers = list(dispatchers)
         self._tick_s = config.fanout.tick_ms / 1000.0
         self._link = _RayShardLink(self._dispatchers)
@@ -120,7 +124,7 @@ class ConnectionNode:
     async def _start(self) -> None:
         from fanout.mqtt.aio import MQTTServer
 
-        server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge)
+        server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
         await server.start()  # RuntimeError naming host:port when the bind fails

@@ -126,10 +126,57 @@ class Controller:
         self.shards = ShardSet(cfg, self.data_dir, ray.get_runtime_context().get_actor_name(), self._alive_nodes,
                                lambda: {rid: self.nodes[n] for rid, n in self._ray_node_ids.items() if n in self.nodes})
         await self.shards.start(ray_nodes, shards)
-        handles: dict[str, Any] = {}
-        for rn in ray_nodes:
-            node_id, handle = self._place_node(rn, handles)
-            handles[node_id] = handle
+        # The first listener of each Ray node binds the configured port (or any free one); the other
+        # listeners of that node (mqtt.listeners_per_node) then share the port it got.
+        first = dict(self._place_node(rn) for rn in ray_nodes)
+        results = await self._await_listeners(first)
+        handles = dict(first)
+        extra = dict(self._place_node(rn, port=info["port"]) for rn, info in zip(ray_nodes, results)
+                     for _ in range(cfg.mqtt.listeners_per_node - 1))
+        if extra:
+            try:
+                results += await self._await_listeners(extra)
+            except BaseException:
+                for h in handles.values():
+                    ray.kill(h)
+                raise
+            handles.update(extra)
+        self.nodes = handles
+        self.node_info = {r["node_id"]: r for r in results}  # type: ignore[index]
+        await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
+        await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
+        self._started = True
+        self._loop_task = asyncio.get_running_loop().create_task(self._housekeeping())
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch())
+        info = self._info()
+        log.info("fanout cluster started", nodes=info["nodes"], shards=shards)
+        return info
+
+    def _place_node(self, ray_node: dict[str, Any], port: int | None = None) -> tuple[str, Any]:
+        """Create one ConnectionNode (listener) on ``ray_node`` (not started: await its ``ready``).
+
+        ``port`` None places the node's first listener: the configured port once per machine (other
+        Ray nodes on the same machine, as in tests, take any free port). A port places a further
+        listener of that node, sharing the first one's port.
+        """
+        cfg = self.config
+        per_node = cfg.mqtt.listeners_per_node
+        node_id = f"n{self._next_node}"
+        self._next_node += 1
+        if port is None:
+            address = ray_node.get("NodeManagerAddress")
+            port = cfg.mqtt.port if address not in self._addresses else 0
+            self._addresses.add(address)
+            self._ray_node_ids[ray_node["NodeID"]] = node_id
+        handle = ConnectionNode.options(
+            # a share of the node's one fanout_node unit, rounded down (Ray keeps 4 decimals)
+            resources={"fanout_node": 1.0 if per_node == 1 else int(10_000 / per_node) / 10_000},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node["NodeID"], soft=False),
+        ).remote(cfg, node_id, cfg.mqtt.host, port, self.dispatchers, reuse_port=per_node > 1)
+        return node_id, handle
+
+    async def _await_listeners(self, handles: dict[str, Any]) -> list[dict[str, Any]]:
+        """Wait for every listener's ``ready``; on a failure kill them all and raise RuntimeError."""
         try:
             results = await asyncio.wait_for(
                 asyncio.gather(*(h.ready.remote() for h in handles.values()), return_exceptions=True),
@@ -145,47 +192,28 @@ class Controller:
             for h in handles.values():
                 ray.kill(h)
             raise RuntimeError(_cause(errors[0]))
-        self.nodes = handles
-        self.node_info = {r["node_id"]: r for r in results}  # type: ignore[index]
-        await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
-        await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
-        self._started = True
-        self._loop_task = asyncio.get_running_loop().create_task(self._housekeeping())
-        self._watch_task = asyncio.get_running_loop().create_task(self._watch())
-        info = self._info()
-        log.info("fanout cluster started", nodes=info["nodes"], shards=shards)
-        return info
-
-    def _place_node(self, ray_node: dict[str, Any], existing: dict[str, Any]) -> tuple[str, Any]:
-        """Create the ConnectionNode of one Ray node (not started: await its ``ready``)."""
-        cfg = self.config
-        node_id = f"n{self._next_node}"
-        self._next_node += 1
-        address = ray_node.get("NodeManagerAddress")
-        # The configured port once per machine; other nodes on the same machine (tests) take any free port.
-        port = cfg.mqtt.port if address not in self._addresses else 0
-        self._addresses.add(address)
-        self._ray_node_ids[ray_node["NodeID"]] = node_id
-        handle = ConnectionNode.options(
-            resources={"fanout_node": 1},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node["NodeID"], soft=False),
-        ).remote(cfg, node_id, cfg.mqtt.host, port, self.dispatchers)
-        return node_id, handle
+        return results  # type: ignore[return-value]
 
     async def _add_new_nodes(self) -> None:
         """Give Ray nodes that joined after start (``ray up`` workers) a ConnectionNode."""
         new = [rn for rn in fanout_ray_nodes() if rn["NodeID"] not in self._ray_node_ids]
         for rn in new:
-            node_id, handle = self._place_node(rn, self.nodes)
+            placed = dict([self._place_node(rn)])
             try:
-                info = await handle.ready.remote()
+                infos = await self._await_listeners(placed)
+                more = dict(self._place_node(rn, port=infos[0]["port"])
+                            for _ in range(self.config.mqtt.listeners_per_node - 1))
+                infos += await self._await_listeners(more) if more else []
+                placed.update(more)
             except Exception as exc:
-                log.error("connection node failed to start", node_id=node_id, error=_cause(exc))
-                ray.kill(handle)
+                log.error("connection node failed to start", ray_node_id=rn["NodeID"], error=_cause(exc))
+                for h in placed.values():
+                    ray.kill(h)
                 continue
-            self.nodes[node_id] = handle
-            self.node_info[node_id] = info
-            log.info("connection node added", **info)
+            for info in infos:
+                self.nodes[info["node_id"]] = placed[info["node_id"]]
+                self.node_info[info["node_id"]] = info
+                log.info("connection node added", **info)
             await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
             await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
 

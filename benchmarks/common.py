@@ -35,6 +35,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from fanout.mqtt.aio import raise_nofile_limit  # noqa: F401 - re-exported for the benchmarks
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SYSTEMS: tuple[str, ...] = ("fanout", "mosquitto", "amqtt")
@@ -76,16 +78,16 @@ asyncio.run(main(int(sys.argv[1])))
 # machine, versions, results
 
 
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise this process's RLIMIT_NOFILE soft limit to the hard limit (children inherit it).
+FD_MARGIN = 1_000  # descriptors a server or fleet process needs besides its connections
 
-    Returns:
-        (soft, hard) after the change.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+def processes_for(connections: int, at_least: int = 1) -> int:
+    """Processes needed to hold ``connections`` sockets, each under this machine's RLIMIT_NOFILE hard
+    limit (an unprivileged process cannot raise it; 20,000 here)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return at_least
+    return max(at_least, -(-connections // max(1, hard - FD_MARGIN)))
 
 
 def free_port() -> int:

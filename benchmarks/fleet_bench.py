@@ -39,8 +39,8 @@ from typing import Any, Sequence
 from fanout import log as fanout_log
 
 from .common import (
-    INFLIGHT_WINDOW, QUEUE_BOUND, SYSTEMS, PeerBroker, grouped_bars, machine_info, mosquitto_binary, pyplot,
-    raise_nofile_limit, save_figure, versions, write_result,
+    FD_MARGIN, INFLIGHT_WINDOW, QUEUE_BOUND, SYSTEMS, PeerBroker, grouped_bars, machine_info, mosquitto_binary,
+    processes_for, pyplot, raise_nofile_limit, save_figure, versions, write_result,
 )
 from .scenarios import phases
 from .scenarios.cluster import BENCH_CONFIG, LOG_LEVEL, EmbeddedCluster, filesystem_of
@@ -49,7 +49,6 @@ from .scenarios.senders import NAIVE_WINDOW
 
 NAME = "fleet_bench"
 TARGETS = {"deliveries_per_s_vs_mosquitto_min": 1.5, "idle_vehicles_one_node": 100_000}
-STORM_FD_MARGIN = 1_000  # descriptors a server process needs besides its connections
 
 # Figures every system must have (the quick-mode test checks them), flat under ``systems.<system>``.
 FIGURES: tuple[str, ...] = (
@@ -97,24 +96,31 @@ QUICK = Sizes(vehicles=200, requests=2, ingest_vins=(10_000,), storm_vehicles=50
 
 
 def storm_size(requested: int) -> tuple[int, str | None]:
-    """The connection-storm size this machine allows, and why it is smaller than requested (or None)."""
+    """The connection-storm size a single-process server allows here, and why it is smaller than
+    requested (or None). This cluster is not bound by it: it runs ``mqtt.listeners_per_node`` listener
+    processes on the port instead (:func:`storm_listeners`)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard == resource.RLIM_INFINITY or hard - STORM_FD_MARGIN >= requested:
+    if hard == resource.RLIM_INFINITY or hard - FD_MARGIN >= requested:
         return requested, None
-    n = max(1, hard - STORM_FD_MARGIN)
+    n = max(1, hard - FD_MARGIN)
     return n, (f"RLIMIT_NOFILE hard limit is {hard} per process and cannot be raised here (no CAP_SYS_RESOURCE); "
-               f"a server process holds one descriptor per connection, so {n:,} = {hard:,} - {STORM_FD_MARGIN:,} "
-               f"spare is the largest storm; {requested:,} needs `ulimit -Hn {requested + STORM_FD_MARGIN}` or more")
+               f"a single-process server holds one descriptor per connection, so {n:,} = {hard:,} - {FD_MARGIN:,} "
+               f"spare is its largest storm; {requested:,} needs `ulimit -Hn {requested + FD_MARGIN}` or more")
+
+
+def storm_listeners(vehicles: int) -> int:
+    """Listener processes (``mqtt.listeners_per_node``) this cluster needs for ``vehicles`` connections."""
+    return processes_for(vehicles)
 
 
 def _ingest_key(n: int) -> str:
     return f"{n // 1_000_000}m" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
-def _start(system: str, cluster: EmbeddedCluster | None = None) -> Any:
+def _start(system: str, cluster: EmbeddedCluster | None = None, listeners: int = 1) -> Any:
     """The server of ``system``: a new one, or ``cluster`` (already running, left running) for fanout."""
     if system == "fanout":
-        return contextlib.nullcontext(cluster) if cluster is not None else EmbeddedCluster()
+        return contextlib.nullcontext(cluster) if cluster is not None else EmbeddedCluster(listeners_per_node=listeners)
     return PeerBroker(system)
 
 
@@ -132,6 +138,13 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
     out: dict[str, Any] = {"sizes_used": {"vehicles": s.vehicles, "requests": s.requests, "hb_vehicles": s.hb_vehicles,
                                           "hb_rate": s.hb_rate, "storm_vehicles": storm_n, "scale": scale}}
     prefix = system[0].upper()
+
+    # On a fresh server this cluster takes the whole storm, with as many listener processes on the port
+    # as the descriptor limit asks for; the single-process peers are capped by that limit (storm_size).
+    if system == "fanout" and s.fresh_storm_server:
+        storm_n = s.storm_vehicles
+        out["sizes_used"]["storm_vehicles"] = storm_n
+    listeners = storm_listeners(storm_n) if system == "fanout" and s.fresh_storm_server else 1
 
     def storm(target: Any) -> None:
         out["connection_storm"] = attempt(NAME, f"{system} connection_storm", lambda: phases.storm_phase(
@@ -172,7 +185,7 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
             if not s.fresh_storm_server:
                 storm(target)
         if s.fresh_storm_server:
-            with _start(system) as target:
+            with _start(system, listeners=listeners) as target:
                 storm(target)
     except Exception as exc:  # the server did not start (e.g. Mosquitto not installed)
         errors[f"{system} server"] = f"{type(exc).__name__}: {exc}"
@@ -199,6 +212,9 @@ def flatten(system: str, sc: dict[str, Any]) -> dict[str, Any]:
         "deliveries_complete": get(fan, "complete"), "first_delivery_p99_ms": get(fan, "first_delivery_p99_ms"),
         "hb_storm_vs_quiet_deliveries": ratio(get(hb, "deliveries_per_s"), get(fan, "deliveries_per_s")),
         "cluster_rss_per_conn_bytes": get(st, "cluster_rss_per_conn_bytes"),
+        "storm_connected_after_idle": get(st, "connected_after_idle"),
+        "storm_idle_server_cpu_pct": get(st, "idle_server_cpu_pct"),
+        "storm_listener_processes": get(st, "listener_processes"),
         "duplicates": get(fan, "duplicates"), "order_violations": get(fan, "order_violations"),
         "version": sc.get("version"),
     }
@@ -227,7 +243,7 @@ def check_targets(systems: dict[str, dict[str, Any]], ratios: dict[str, Any]) ->
     return {
         "deliveries_per_s_ge_1.5x_mosquitto": at_least(ratios.get("deliveries_per_s_vs_mosquitto"),
                                                        TARGETS["deliveries_per_s_vs_mosquitto_min"]),
-        "idle_vehicles_100k_one_node": at_least(ours.get("storm_connected"), TARGETS["idle_vehicles_one_node"]),
+        "idle_vehicles_100k_one_node": at_least(ours.get("storm_connected_after_idle"), TARGETS["idle_vehicles_one_node"]),
     }
 
 
@@ -315,7 +331,11 @@ def _notes(s: Sizes, storm_n: int, storm_reason: str | None) -> list[str]:
                      "2026-11-21). Its figures (systems.amqtt.sizes_used) and the *_vs_amqtt ratios therefore compare "
                      "different sizes: read them as an order of magnitude.")
     if storm_reason:
-        notes.append(f"100,000 idle vehicles on one node was not attempted: {storm_reason}.")
+        notes.append(f"The peers' connection storm is capped at {storm_n:,}: {storm_reason}. This cluster "
+                     + (f"takes all {s.storm_vehicles:,} on one machine with {storm_listeners(s.storm_vehicles)} "
+                        "listener processes sharing the port (mqtt.listeners_per_node, SO_REUSEPORT), so its "
+                        "storm figures are for more connections than the peers'." if s.fresh_storm_server
+                        else "shares the cap in this mode."))
     return notes
 
 

@@ -126,7 +126,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "session_expiry": Field("session_expiry_ms", "2h", _duration(0), "drop a disconnected persistent session after this (0 = never)"),
         "takeover_window": Field("takeover_window_ms", "10s", _duration(0), "window for counting takeovers of one client id"),
         "takeover_limit": Field("takeover_limit", 10, _int(1), "takeovers of one client id per window before connects are throttled"),
-        "max_connections": Field("max_connections", 1_000_000, _int(1), "concurrent connections per node"),
+        "max_connections": Field("max_connections", 1_000_000, _int(1), "concurrent connections per listener process"),
+        "listeners_per_node": Field("listeners_per_node", 1, _int(1, 64), "MQTT listener processes per Ray node sharing the port (SO_REUSEPORT); each holds at most RLIMIT_NOFILE connections"),
         "dev_platform_login": Field("dev_platform_login", True, _bool, "platform/platform login on loopback when no users are configured"),
     },
     "fanout": {

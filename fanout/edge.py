@@ -39,7 +39,7 @@ from fanout.mqtt.hooks import (
     BrokerHooks, ClientConnected, ClientDisconnected, Delivered, DeliveryDropped, DeliverStatus, Heartbeat,
     IngestTicket, LocalPublish, Subscribed, Unsubscribed,
 )
-from fanout.routes import RouteTable
+from fanout.routes import RouteTable, delivery_route_generalizer
 from fanout.trigger import ERRORS_TOPIC_PREFIX
 from fanout.wire import (
     EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, GenerationClock, shard_of,
@@ -76,7 +76,7 @@ class FanoutEdge(BrokerHooks):
         self._gens = GenerationClock(clock_us)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
-        self.routes = RouteTable(node_id)
+        self.routes = RouteTable(node_id, generalize=delivery_route_generalizer(self._prefix))
         self._wake = on_pending or (lambda: None)
         # client id -> (local generation, global generation, shard, is_vin)
         self._live: dict[str, tuple[int, int, int, bool]] = {}

@@ -7,6 +7,14 @@ Strategy (one instance per ConnectionNode, Ray-free):
   ``(added, removed)`` computed at most every ``interval_ms`` and only when a subscription changed (or on
   the periodic safety pass, which also catches sessions that expired without an event); a node that
   (re)starts sends its whole set with ``reset=True``.
+- Per-vehicle delivery filters (``agent/<VIN>/proxy/request/+``, one per vehicle) are announced as the
+  one filter with ``+`` in place of the VIN (:func:`delivery_route_generalizer`): a superset, so nothing
+  a node needs is missed, while the route table stays the size of the distinct *kinds* of subscription
+  instead of growing with the fleet on every node (100,000 vehicles over 6 listeners would otherwise be
+  500,000 remote filters held and exchanged). A rare direct publish to one vehicle's delivery topic
+  then reaches every node with vehicles, and each delivers it only to its local matches.
+- The walk over the local filters that builds an announcement is O(filters); it is paced so that it
+  takes at most ~5% of the event loop (a connection storm keeps the table dirty all the time).
 - Remote filters live in a :class:`SubscriptionTrie` keyed by node id, so deciding where a publish goes
   is one trie match, the same matching (and ``$``-topic rules) the broker uses locally.
 - A publish is forwarded at most once per node; retained publishes (set or clear) are mirrored to
@@ -18,6 +26,7 @@ Strategy (one instance per ConnectionNode, Ray-free):
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable
 
 import structlog
@@ -27,6 +36,30 @@ from fanout.mqtt.trie import SubscriptionTrie
 log = structlog.get_logger(__name__)
 
 ForwardTuple = tuple  # (topic, payload, qos, retain)
+ANNOUNCE_LOOP_SHARE = 0.05  # most of the event loop that building announcements may take
+
+
+def delivery_route_generalizer(topic_prefix: str) -> Callable[[str], str]:
+    """A function mapping a filter under ``topic_prefix`` (with its ``{VIN}`` level) to the same filter
+    with ``+`` at the VIN level, and any other filter to itself. Every topic the original filter matches,
+    the result matches too."""
+    head, found, tail = topic_prefix.partition("{VIN}")
+    n = len(head)
+    if not found or (head and not head.endswith("/")) or (tail and not tail.startswith("/")):
+        return lambda f: f  # no whole VIN level to widen
+
+    def generalize(f: str) -> str:
+        if not f.startswith(head):
+            return f
+        i = f.find("/", n)
+        level = f[n:] if i < 0 else f[n:i]
+        if "#" in level or level == "+":
+            return f  # already as wide as it gets at that level ('#' is wider than '+')
+        if i < 0:
+            return head + "+" if not tail else f
+        return head + "+" + f[i:] if f.startswith(tail, i) else f
+
+    return generalize
 
 
 class RouteTable:
@@ -36,10 +69,14 @@ class RouteTable:
         node_id: this node's id (never a destination).
         interval_ms: least time between two announcements.
         full_check_ms: period of the announcement pass that runs without a known change.
+        generalize: maps a local filter to the (wider) filter announced for it (see the module docstring).
     """
 
-    def __init__(self, node_id: str, *, interval_ms: int = 50, full_check_ms: int = 2000) -> None:
+    def __init__(self, node_id: str, *, interval_ms: int = 50, full_check_ms: int = 2000,
+                 generalize: Callable[[str], str] | None = None) -> None:
         self.node_id = node_id
+        self._generalize = generalize
+        self._pace_ms = 0.0  # extra spacing so that building announcements stays under ANNOUNCE_LOOP_SHARE
         self._trie: SubscriptionTrie[str] = SubscriptionTrie()
         self._by_node: dict[str, set[str]] = {}
         self._peers: set[str] = set()
@@ -169,9 +206,12 @@ class RouteTable:
         if not self._peers:
             return None
         full_due = now_ms - self._last_full_ms >= self._full_check
-        if not (self._dirty or full_due) or now_ms - self._last_ms < self._interval:
+        if not (self._dirty or full_due) or now_ms - self._last_ms < max(self._interval, self._pace_ms):
             return None
-        current = set(local_filters if local_filters is not None else (filters_fn() if filters_fn else ()))
+        t0 = time.perf_counter()
+        filters = local_filters if local_filters is not None else (filters_fn() if filters_fn else ())
+        current = set(map(self._generalize, filters)) if self._generalize is not None else set(filters)
+        self._pace_ms = (time.perf_counter() - t0) * 1000 / ANNOUNCE_LOOP_SHARE
         self._last_ms = now_ms
         self._dirty = False
         if full_due:

@@ -10,8 +10,9 @@ reconnects with exponential backoff; every connect goes through a ``--connect-ra
 Why it scales (see ``scripts/fleet/``): one slotted ``asyncio.Protocol`` per vehicle, no thread or task
 per vehicle, uvloop when installed; source addresses spread over 127.0.0.0/8 so 100,000 connections do
 not run out of ephemeral ports (one source address has ~28k); ``--processes P`` splits the fleet over
-P processes that report to this one. ``RLIMIT_NOFILE`` is raised to its hard limit; a hard limit below
-a process's share of vehicles stops the run with a message.
+P processes that report to this one (default: as many as the hard ``RLIMIT_NOFILE`` needs, 6 for
+100,000 vehicles under a 20,000 limit). ``RLIMIT_NOFILE`` is raised to its hard limit; a hard limit
+below a process's share of vehicles stops the run with a message.
 
 Latency uses the payload header of ``scripts/fleet/payload.py`` (12 bytes: ``b"SDVt"`` + send time in
 µs since the epoch, big-endian) that ``mock_platform.py`` stamps; a delivery without it is measured from
@@ -29,7 +30,7 @@ Exit status: 0 complete, 1 an ``--expect`` not reached or a process failed, 2 ba
 Examples::
 
     python scripts/mock_vehicles.py --count 1000 --duration 60
-    python scripts/mock_vehicles.py --count 100000 --processes 4 --connect-rate 5000 --heartbeat-interval 60
+    python scripts/mock_vehicles.py --count 100000 --connect-rate 5000 --heartbeat-interval 60
     python scripts/mock_vehicles.py --vin-prefix CAR --count 10000 --expect 100000 --timeout 600 \\
         --expect-order --summary fleet.json
     python scripts/mock_vehicles.py --count 50 --persistent --crash-rate 0.1 --ack-delay 0.05 --ack-jitter 0.02
@@ -45,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts.fleet.runner import run_fleet  # noqa: E402
 from scripts.fleet.vins import add_vin_arguments, vins_from_args  # noqa: E402
-from scripts.fleet.options import FleetError, FleetOptions  # noqa: E402
+from scripts.fleet.options import FleetError, FleetOptions, processes_needed  # noqa: E402
 
 __all__ = ["run_fleet", "FleetOptions", "FleetError", "main", "options_from_args"]
 
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--connect-concurrency", type=int, default=d.connect_concurrency,
                    help=f"handshakes (TCP connect to SUBACK) in progress per process (default {d.connect_concurrency})")
     c.add_argument("--connect-timeout", type=float, default=d.connect_timeout, help="TCP connect, CONNACK and SUBACK deadline")
-    c.add_argument("--processes", type=int, default=d.processes, help="split the fleet over P processes")
+    c.add_argument("--processes", type=int, default=0,
+                   help="split the fleet over P processes (default 0: as many as the descriptor limit needs)")
     c.add_argument("--source-addresses", default=d.source_addresses,
                    help="auto (spread over 127.0.0.0/8 for a loopback broker), off, or a first IPv4 address")
     c.add_argument("--per-address", type=int, default=d.per_address, help="vehicles per source address")
@@ -121,7 +123,7 @@ def options_from_args(args: argparse.Namespace) -> FleetOptions:
         heartbeat_interval=args.heartbeat_interval, heartbeat_qos=args.heartbeat_qos, ack_delay=args.ack_delay,
         ack_jitter=args.ack_jitter, crash_rate=args.crash_rate, reconnect_delay=args.reconnect_delay,
         reconnect_max=args.reconnect_max, connect_rate=args.connect_rate, connect_concurrency=args.connect_concurrency,
-        connect_timeout=args.connect_timeout, processes=args.processes, source_addresses=args.source_addresses,
+        connect_timeout=args.connect_timeout, processes=args.processes or processes_needed(len(vins)), source_addresses=args.source_addresses,
         per_address=args.per_address, expect_order=args.expect_order is not None, order_ids=order_ids,
         duration=args.duration, expect=args.expect, timeout=args.timeout, linger=args.linger,
         max_requests=args.max_requests, max_samples=args.max_samples, summary_requests=args.summary_requests,

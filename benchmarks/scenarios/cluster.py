@@ -99,10 +99,12 @@ class EmbeddedCluster:
 
     system = "fanout"
 
-    def __init__(self, *, extra_config: str = "", start_timeout: float = 240.0, stop_timeout: float = 60.0) -> None:
+    def __init__(self, *, extra_config: str = "", listeners_per_node: int = 1, start_timeout: float = 240.0,
+                 stop_timeout: float = 60.0) -> None:
         self.host = HOST
         self.port = 0
         self.extra_config = extra_config
+        self.listeners_per_node = listeners_per_node
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.startup_s: float | None = None
@@ -132,7 +134,8 @@ class EmbeddedCluster:
 
     def _start(self, tmp: Path) -> None:
         conf = tmp / "fanout.toml"
-        conf.write_text(BENCH_CONFIG + self.extra_config)
+        base = BENCH_CONFIG.replace("[mqtt]\n", f"[mqtt]\nlisteners_per_node = {self.listeners_per_node}\n", 1)
+        conf.write_text(base + self.extra_config)
         self.data_dir = tmp / "data"
         fanout = Path(sys.executable).with_name("fanout")
         argv = [str(fanout) if fanout.exists() else "fanout", "up", "--config", str(conf), "--host", HOST,
@@ -150,7 +153,8 @@ class EmbeddedCluster:
         while True:  # the actor processes show their titles a moment after start-up
             self.refresh_pids()
             roles = set(self._pids.values())
-            if {"node", "dispatcher"} <= roles or time.monotonic() > deadline:
+            nodes = sum(r == "node" for r in self._pids.values())
+            if ({"node", "dispatcher"} <= roles and nodes >= self.listeners_per_node) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
 
@@ -260,8 +264,15 @@ class EmbeddedCluster:
         return sum(self.cpu_by_role().values())
 
     def rss_bytes(self) -> int:
-        """RSS of the ConnectionNode process (where the connections live)."""
-        return proc_rss_bytes(self.node_pid)
+        """RSS of the ConnectionNode processes (where the connections live; several with
+        ``mqtt.listeners_per_node`` > 1)."""
+        total = 0
+        for pid in self.pids("node"):
+            try:
+                total += proc_rss_bytes(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return total
 
     def rss_by_role(self) -> dict[str, int]:
         out = dict.fromkeys(ROLES, 0)

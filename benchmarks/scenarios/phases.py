@@ -26,6 +26,7 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
+from ..common import processes_for
 from .cluster import EmbeddedCluster, cpu_delta
 from .fleet import FleetRun, delivery_window, fleet_options, nearest_rank, request_times, steady_rate, vins_for
 from .senders import NaivePublisher, PlatformSender, Sent, raw_trigger
@@ -35,6 +36,11 @@ STALL_S = 30.0
 
 def _r(v: float | None, nd: int = 3) -> float | None:
     return None if v is None else round(v, nd)
+
+
+def _fleet_processes(vehicles: int, at_least: int) -> int:
+    """Fleet processes for ``vehicles``: each stays under the descriptor limit (100,000 need 6 here)."""
+    return min(processes_for(vehicles, at_least=at_least), vehicles)
 
 
 def _is_cluster(target: Any) -> bool:
@@ -117,7 +123,7 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
     """
     vins = vins_for(vin_prefix, vehicles)
     rids = [f"{label}-{i:05d}" for i in range(1, requests + 1)]
-    opts = fleet_options(target.host, target.port, vins, processes=min(fleet_processes, vehicles),
+    opts = fleet_options(target.host, target.port, vins, processes=_fleet_processes(vehicles, fleet_processes),
                          heartbeat_interval=heartbeat_interval, expect_order=True, order_ids=rids)
     fleet = FleetRun(opts, label).start()
     out: dict[str, Any] = {"vehicles": vehicles, "requests": requests, "payload_bytes": payload_size,
@@ -226,7 +232,7 @@ async def drain_phase(cluster: EmbeddedCluster, *, vehicles: int, requests: int,
     out["queue_s"] = _r(time.monotonic() - t0)
     out["queue_rows_per_s"] = _r(vehicles * requests / (time.monotonic() - t0), 1)
     c0 = cluster.cpu_by_role()
-    opts = fleet_options(cluster.host, cluster.port, vins, processes=min(fleet_processes, vehicles),
+    opts = fleet_options(cluster.host, cluster.port, vins, processes=_fleet_processes(vehicles, fleet_processes),
                          expect_order=True, order_ids=rids)
     fleet = FleetRun(opts, label).start()
     t_start = time.monotonic()
@@ -250,17 +256,20 @@ async def drain_phase(cluster: EmbeddedCluster, *, vehicles: int, requests: int,
 
 
 async def storm_phase(target: Any, *, vehicles: int, vin_prefix: str, cap_s: float, fleet_processes: int = 2,
-                      concurrency: int = 1000, label: str = "storm") -> dict[str, Any]:
-    """N vehicles connect at once (no rate limit, ``concurrency`` handshakes in flight per fleet process)."""
+                      concurrency: int = 1000, label: str = "storm", idle_hold_s: float = 5.0) -> dict[str, Any]:
+    """N vehicles connect at once (no rate limit, ``concurrency`` handshakes in flight per fleet process),
+    then stay idle ``idle_hold_s``: the server's CPU while it holds them, and how many are still connected."""
     vins = vins_for(vin_prefix, vehicles)
     await asyncio.sleep(0.5)
     rss0 = target.rss_bytes()
     cluster_rss0 = target.rss_by_role() if _is_cluster(target) else None
     c0, r0 = _cpu(target)
-    opts = fleet_options(target.host, target.port, vins, processes=min(fleet_processes, vehicles),
+    opts = fleet_options(target.host, target.port, vins, processes=_fleet_processes(vehicles, fleet_processes),
                          connect_concurrency=concurrency, connect_timeout=60.0)
     fleet = FleetRun(opts, label).start()
-    out: dict[str, Any] = {"vehicles": vehicles, "concurrency_per_process": concurrency}
+    out: dict[str, Any] = {"vehicles": vehicles, "concurrency_per_process": concurrency,
+                           "fleet_processes": opts.processes,
+                           "listener_processes": len(target.pids("node")) if _is_cluster(target) else 1}
     try:
         status = await fleet.until("subscribed", vehicles, max_s=cap_s, stall_s=STALL_S)
         await fleet.sleep_observed(2.0)  # let the server settle (and its allocator return what it can)
@@ -268,6 +277,10 @@ async def storm_phase(target: Any, *, vehicles: int, vin_prefix: str, cap_s: flo
         rss1 = target.rss_bytes()
         c1, r1 = _cpu(target)
         cluster_rss1 = target.rss_by_role() if _is_cluster(target) else None
+        await fleet.sleep_observed(idle_hold_s)
+        c2 = target.cpu_seconds()
+        out["idle_server_cpu_pct"] = _r((c2 - c1) / idle_hold_s * 100, 1)
+        out["connected_after_idle"] = fleet.value("connected")
         summary = fleet.finish()
     except BaseException:
         fleet.stop_quietly()

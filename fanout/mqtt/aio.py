@@ -21,6 +21,7 @@ Strategy:
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -40,6 +41,22 @@ _monotonic = time.monotonic
 
 def _now_ms() -> int:
     return int(_monotonic() * 1000)
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise this process's RLIMIT_NOFILE soft limit to the hard limit (children inherit it).
+
+    Why: every connection is a descriptor, and the soft limit (often 1,024) is what fails first; the
+    hard limit is the most an unprivileged process gets (more connections per machine need more
+    listener processes, ``mqtt.listeners_per_node``).
+
+    Returns:
+        (soft, hard) after the change.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 class _MQTTProtocol(asyncio.Protocol):
@@ -84,6 +101,31 @@ class _MQTTProtocol(asyncio.Protocol):
             self._conn.write_paused = False
 
 
+class _LingeringClose(asyncio.Protocol):
+    """Takes over a transport the broker closed during :meth:`MQTTServer.stop`: half-close, then drain.
+
+    Why: ``transport.close()`` stops reading at once, so the PUBACKs a subscriber keeps sending while
+    its last messages are flushed pile up unread; closing a socket with unread input makes the kernel
+    send RST, which discards the bytes still queued on both sides (the subscriber loses messages the
+    broker already acknowledged to their publisher). Sending FIN (``write_eof``) after the pending
+    output and reading until the peer closes is the "lingering close" of web servers.
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: _MQTTProtocol) -> None:
+        self._inner = inner
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the session is over; what the client still sends (PUBACKs, PINGREQs) is discarded
+
+    def eof_received(self) -> bool:
+        return False  # the peer closed its side too: let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+
 class MQTTServer:
     """The MQTT listener of one node: binds, runs the broker core, stops cleanly.
 
@@ -94,18 +136,22 @@ class MQTTServer:
         hooks: :class:`BrokerHooks` for an embedding layer, or None.
         acl: an access-control object; default builds :class:`AccessControl` from ``config``.
         sweep_interval_s: period of the timeout/keepalive/$SYS sweep (also the timing resolution).
+        reuse_port: bind with SO_REUSEPORT so that several listener processes share host:port and the
+            kernel spreads new connections over them (every one of them must set it).
 
     Raises:
         ConfigError: from :class:`AccessControl` (e.g. a non-loopback listener without users).
     """
 
     def __init__(self, config: Config, *, host: str | None = None, port: int | None = None,
-                 hooks: BrokerHooks | None = None, acl: Any = None, sweep_interval_s: float = 1.0) -> None:
+                 hooks: BrokerHooks | None = None, acl: Any = None, sweep_interval_s: float = 1.0,
+                 reuse_port: bool = False) -> None:
         self.config = config
         self.host = config.mqtt.host if host is None else host
         self._port = config.mqtt.port if port is None else port
         self.acl = acl if acl is not None else AccessControl(config, listener_is_loopback=is_loopback_host(self.host))
         self._sweep_interval = sweep_interval_s
+        self.reuse_port = reuse_port
         self.broker = Broker(
             config, self.acl, hooks, now_ms=_now_ms(),
             defer_auth=self._defer_auth if config.users else None,
@@ -117,6 +163,7 @@ class MQTTServer:
         self._flush_scheduled = False
         self._protocols: set[_MQTTProtocol] = set()
         self._all_closed: asyncio.Event | None = None
+        self._lingering = False  # set by stop(drain=True): closed connections half-close and drain
 
     @property
     def port(self) -> int:
@@ -137,14 +184,17 @@ class MQTTServer:
             RuntimeError: the address cannot be bound (names host:port).
         """
         loop = self._loop = asyncio.get_running_loop()
+        soft, _ = raise_nofile_limit()
         try:
             self._server = await loop.create_server(
                 lambda: _MQTTProtocol(self), self.host, self._port, reuse_address=True, backlog=4096,
+                reuse_port=self.reuse_port or None,
             )
         except OSError as exc:
             raise RuntimeError(f"cannot listen on {self.host}:{self._port}: {exc.strerror or exc}") from exc
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
-        log.info("mqtt listening", host=self.host, port=self.port, loop=type(loop).__module__)
+        log.info("mqtt listening", host=self.host, port=self.port, loop=type(loop).__module__,
+                 reuse_port=self.reuse_port, max_descriptors=soft)
 
     def _sweep(self) -> None:
         try:
@@ -168,7 +218,11 @@ class MQTTServer:
             if data and not t.is_closing():
                 t.write(data)
             if conn.state >= CLOSED:
-                t.close()
+                if self._lingering and not t.is_closing() and t.can_write_eof():
+                    t.set_protocol(_LingeringClose(t.get_protocol()))
+                    t.write_eof()
+                else:
+                    t.close()
 
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop
@@ -199,6 +253,7 @@ class MQTTServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self._lingering = drain
         n = self.broker.shutdown(publish_wills=publish_wills)
         self._flush()
         if self._protocols:
@@ -217,6 +272,7 @@ class MQTTServer:
                         t.abort()
         await server.wait_closed()
         self._flush()
+        self._lingering = False
         log.info("mqtt stopped", host=self.host, port=port, connections_closed=n, drained=drain)
 
     def __repr__(self) -> str:

@@ -137,6 +137,14 @@ def source_addresses(opts: FleetOptions, target: str, vehicles: int) -> list[str
     return [str(ipaddress.IPv4Address(first + k)) for k in range(max(1, -(-vehicles // opts.per_address)))]
 
 
+def processes_needed(vehicles: int) -> int:
+    """Fleet processes that keep each one's share of ``vehicles`` under the hard ``RLIMIT_NOFILE``."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return 1
+    return max(1, -(-vehicles // max(1, hard - FD_MARGIN)))
+
+
 def raise_nofile(needed: int) -> tuple[int, int]:
     """Raise the soft ``RLIMIT_NOFILE`` to the hard limit.
 

@@ -215,11 +215,13 @@ def publish_cluster_error(port: int, client_id: str, detail: dict[str, Any]) -> 
 
 
 class MqttProxy:
-    """TCP proxy client <-> broker with a gate, a cut switch and PUBACK dropping (client side)."""
+    """TCP proxy client <-> broker with a gate, a hold, a cut switch and PUBACK dropping (client side)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.gate_open = True
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.drop_pubacks = False
         self.dropped = 0
         self._server: asyncio.base_events.Server | None = None
@@ -249,9 +251,23 @@ class MqttProxy:
             for w in pair:
                 w.close()
 
+    @property
+    def hold(self) -> bool:
+        """True: bytes from the client are held back (the broker side keeps flowing)."""
+        return not self._flowing.is_set()
+
+    @hold.setter
+    def hold(self, value: bool) -> None:
+        if value:
+            self._flowing.clear()
+        else:
+            self._flowing.set()
+
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        """Client -> broker."""
         try:
             while data := await r.read(65536):
+                await self._flowing.wait()
                 w.write(data)
                 await w.drain()
         finally:

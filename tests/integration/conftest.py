@@ -192,6 +192,7 @@ class RawClient:
             except ConnectionResetError:
                 return True
             if not data:
+                self.sock.close()  # as a real client does on EOF (a stopping broker waits for it)
                 return True
             self.pending.extend(self.reader.feed(data))
 

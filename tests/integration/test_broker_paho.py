@@ -59,7 +59,7 @@ def test_will_on_keepalive_expiry(broker, paho_client):
     t0 = time.monotonic()
     msg = watcher.get(timeout=5)
     assert (msg.topic, msg.payload) == ("wills/silent", b"timeout")
-    assert 1.4 < time.monotonic() - t0 < 3.0  # 1.5 x keepalive, plus sweep granularity
+    assert 1.4 < time.monotonic() - t0 < 4.5  # 1.5 x keepalive, plus sweep granularity and a busy machine
 
 
 def test_keepalive_respected_by_pinging_client(broker, paho_client):

@@ -143,3 +143,16 @@ def test_source_addresses_descriptor_limit_and_options(monkeypatch: pytest.Monke
         with pytest.raises(FleetError):
             FleetOptions(**bad).validate()
     FleetOptions(port=(1883, 1884)).validate()
+
+
+def test_processes_needed_keeps_each_share_under_the_descriptor_limit() -> None:
+    import resource
+
+    from scripts.fleet.options import FD_MARGIN, processes_needed
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert processes_needed(1) == 1
+    if hard != resource.RLIM_INFINITY:
+        for n in (hard - FD_MARGIN, hard - FD_MARGIN + 1, 100_000):
+            p = processes_needed(n)
+            assert -(-n // p) <= hard - FD_MARGIN and (p == 1 or -(-n // (p - 1)) > hard - FD_MARGIN)

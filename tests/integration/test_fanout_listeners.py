@@ -1,0 +1,83 @@
+"""Several listener processes on one Ray node (``mqtt.listeners_per_node = 2``) sharing one port.
+
+Why it exists: one process holds at most RLIMIT_NOFILE connections (20,000 on this machine, hard), so
+100,000 vehicles on one machine need several listeners; SO_REUSEPORT lets them share the port and the
+kernel spreads new connections over them. Each listener is a connection node of its own, so what
+crosses listeners (deliveries, plain publishes, takeover) takes the cross-node paths.
+"""
+from __future__ import annotations
+
+import pytest
+
+from .fanout_harness import RawClient, Vehicle, fanout_config, publish_batch, running_cluster, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def fanout(ray_local, tmp_path_factory):
+    cfg = fanout_config(tmp_path_factory.mktemp("listeners")).replace("mqtt", listeners_per_node=2)
+    with running_cluster(cfg) as cluster:
+        yield cluster
+
+
+def _connections_by_node(fanout) -> dict[str, int]:
+    return {n["node_id"]: n.get("connections", 0) for n in fanout.status()["nodes"]}
+
+
+def test_two_listeners_share_the_port(fanout):
+    nodes = fanout.nodes
+    assert len(nodes) == 2 and len({n["port"] for n in nodes}) == 1
+    assert len({n["ray_node_id"] for n in nodes}) == 1  # one machine, two processes
+
+
+def test_vehicles_spread_over_listeners_and_all_get_the_batch(fanout):
+    vins = [f"LST{i:03d}" for i in range(16)]
+    cars = [Vehicle(fanout.port, vin) for vin in vins]
+    try:
+        by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(vins) and c,
+                             15, "every vehicle counted by a listener")
+        # the kernel hashes each connection's 4-tuple: 16 landing on one listener has odds of 2**-15
+        assert all(n > 0 for n in by_node.values()), by_node
+        publish_batch(fanout.port, vins, "lst-1", data_id="lst-blob", blob=b"fw")
+        for car in cars:
+            msg = car.next_message()
+            assert (msg.topic, msg.payload) == (f"agent/{car.client_id}/proxy/request/lst-1", b"fw")
+        wait_until(lambda: fanout.inspect("request", "lst-1")["by_status"] == {"delivered": len(vins)}, 20,
+                   "every row acknowledged")
+        for car in cars:
+            car.no_message(0.2)
+    finally:
+        for car in cars:
+            car.close()
+
+
+def test_publish_reaches_subscribers_on_every_listener(fanout):
+    subs = [Vehicle(fanout.port, f"news-sub-{i}", subscribe="fleet/news") for i in range(8)]
+    try:
+        wait_until(lambda: sum(_connections_by_node(fanout).values()) >= len(subs), 15, "subscribers connected")
+        pub = RawClient(fanout.port, "news-pub")
+        try:
+            pub.publish("fleet/news", b"hello", pid=None, qos=0)
+            for s in subs:
+                assert s.next_message().payload == b"hello"
+        finally:
+            pub.disconnect()
+    finally:
+        for s in subs:
+            s.close()
+
+
+def test_takeover_across_listeners_closes_the_old_connection(fanout):
+    """The same client id connects 6 times; whichever listener each lands on, only the newest stays."""
+    clients = []
+    try:
+        for _ in range(6):
+            clients.append(RawClient(fanout.port, "TAKE-LST"))
+        for old in clients[:-1]:
+            assert old.recv(20) is None, "an older connection of the client id must be closed by the takeover"
+        clients[-1].quiet(0.5)  # the newest stays connected
+        assert not clients[-1].closed
+    finally:
+        for c in clients:
+            c.kill()
