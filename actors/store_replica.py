@@ -30,7 +30,7 @@ import structlog
 from fanout import log as fanout_log
 from storage import ShardStore
 from storage.errors import StoreError
-from storage.replication import LogEntry, ReplicaApplier, ReplicaReply, table_digests
+from storage.replication import LogEntry, Rejected, ReplicaApplier, ReplicaReply, table_digests
 from storage.snapshot import SnapshotInfo
 
 log = structlog.get_logger(__name__)
@@ -112,8 +112,8 @@ class StoreReplica:
             raise StoreError(f"no snapshot {token} received")
         try:
             hello = await self._run(a.hello, epoch)
-            if not hasattr(hello, "seq"):
-                return hello  # Rejected: a stale primary's snapshot
+            if isinstance(hello, Rejected):
+                return hello  # a deposed primary's snapshot
             return await self._run(a.install_snapshot, d)
         finally:
             shutil.rmtree(d, ignore_errors=True)

@@ -1,9 +1,9 @@
 """Replication benchmark (issue 4): ingest throughput with 0, 1 and 2 replicas, and failover time.
 
-- ``ingest``: one local Ray instance (as ``fanout up`` embeds it), the fanout cluster started three times in the
-  same run with ``fanout.replicas`` = 0, 1, 2 (and ``min_replicas_to_ack`` = replicas, so every PUBACK waits
-  for every replica; on one machine the replicas share the node). Per configuration a warm-up and
-  ``repeats`` measured rounds: the platform publishes ``triggers`` triggers of ``vins_per_trigger`` fresh VINs
+- ``ingest``: one local Ray instance (as ``fanout up`` embeds it) running three fanout clusters side by side
+  with ``fanout.replicas`` = 0, 1, 2 (and ``min_replicas_to_ack`` = replicas, so every PUBACK waits for every
+  replica; on one machine the replicas share the node). After a warm-up each, ``repeats`` rounds interleaved
+  r0, r1, r2, r0, ... (a shared machine's drifting load hits all three alike): the platform publishes ``triggers`` triggers of ``vins_per_trigger`` fresh VINs
   (a window of ``WINDOW`` PUBLISHes in flight, QoS 1) and the round's rows/s = VINs / (last PUBACK - first
   PUBLISH); a PUBACK means fsynced on the primary and on every replica. The median round is reported.
   Replication cost = 1 - rows/s(replicas) / rows/s(0 replicas). Target: <= 30%.
@@ -77,33 +77,41 @@ def _ingest_round(port: int, tag: str, triggers: int, per: int) -> float:
 
 
 def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
+    """Three clusters (0, 1, 2 replicas) side by side on one Ray; rounds interleaved r0, r1, r2, r0, ... so that
+    the load of a shared machine drifting over the run hits every configuration alike."""
+    import contextlib
+
     import ray
 
     from cluster.runtime import start_fanout
 
     triggers, per = (5, 2_000) if quick else (20, 10_000)
     out: dict[str, Any] = {"triggers": triggers, "vins_per_trigger": per, "window": WINDOW, "repeats": repeats,
-                           "runs": {}}
+                           "interleaved": True, "runs": {f"r{r}": [] for r in (0, 1, 2)}, "load_avg_1m": []}
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 << 20,
-             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False)
+             resources={"fanout_node": 3}, log_to_driver=False, configure_logging=False)
     try:
-        for replicas in (0, 1, 2):
-            with tempfile.TemporaryDirectory(prefix="repl-bench-") as tmp:
+        with contextlib.ExitStack() as stack:
+            clusters = {}
+            for replicas in (0, 1, 2):
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="repl-bench-"))
                 cfg = _cfg(Path(tmp), replicas=replicas, min_replicas_to_ack=replicas)
                 fanout = start_fanout(cfg, name=f"repl-bench-{replicas}", log_to_driver=False)
-                try:
-                    _ingest_round(fanout.port, f"w{replicas}", max(2, triggers // 4), per)  # warm-up
-                    runs = [_ingest_round(fanout.port, f"r{replicas}x{i}", triggers, per) for i in range(repeats)]
-                    lag = ray.get(fanout.controller.replication.remote(), timeout=30)
-                finally:
-                    fanout.stop(shutdown_ray=False)
-            out["runs"][f"r{replicas}"] = [round(r) for r in runs]
-            out[f"rows_per_s_r{replicas}"] = round(statistics.median(runs))
-            out[f"replication_r{replicas}"] = lag
-            print(f"[replication_bench] replicas={replicas}: {out[f'rows_per_s_r{replicas}']:,} rows/s "
-                  f"(runs {out['runs'][f'r{replicas}']})", flush=True)
+                stack.callback(fanout.stop, shutdown_ray=False)
+                clusters[replicas] = fanout
+                _ingest_round(fanout.port, f"w{replicas}", max(2, triggers // 4), per)  # warm-up
+            for i in range(repeats):
+                for replicas, fanout in clusters.items():
+                    out["runs"][f"r{replicas}"].append(round(_ingest_round(fanout.port, f"r{replicas}x{i}", triggers, per)))
+                out["load_avg_1m"].append(round(os.getloadavg()[0], 2))
+                print(f"[replication_bench] round {i}: " + ", ".join(f"{k}={v[-1]:,}" for k, v in out["runs"].items()),
+                      flush=True)
+            for replicas, fanout in clusters.items():
+                out[f"replication_r{replicas}"] = ray.get(fanout.controller.replication.remote(), timeout=30)
     finally:
         ray.shutdown()
+    for replicas in (0, 1, 2):
+        out[f"rows_per_s_r{replicas}"] = round(statistics.median(out["runs"][f"r{replicas}"]))
     base = out["rows_per_s_r0"]
     for r in (1, 2):
         out[f"cost_r{r}"] = round(1 - out[f"rows_per_s_r{r}"] / base, 3) if base else None
@@ -215,7 +223,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
     result: dict[str, Any] = {"mode": "quick" if quick else "full"}
-    result["ingest"] = ingest_phase(quick, repeats=1 if quick else 3)
+    result["ingest"] = ingest_phase(quick, repeats=1 if quick else 7)
     result["failover"] = failover_phase(repeats=1 if quick else 3)
     ing, fo = result["ingest"], result["failover"]
     result["systems"] = {"fanout": {k: (ing.get(k) if k in ing else fo.get(k)) for k in FIGURES}}

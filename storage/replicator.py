@@ -28,7 +28,6 @@ fakes through :class:`ReplicaTransport`):
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import time
 import uuid
@@ -363,9 +362,4 @@ def _cap(entries: list[LogEntry]) -> list[LogEntry]:
     return entries
 
 
-def snapshot_chunks(path: str | os.PathLike[str], chunk_bytes: int = 8 << 20) -> list[tuple[str, int]]:
-    """``(file name, size)`` of the files of a snapshot directory, for chunked transfer."""
-    return [(p.name, p.stat().st_size) for p in sorted(Path(path).iterdir()) if p.is_file()]
-
-
-__all__ = ["Replicator", "ReplicaTransport", "ReplicationUnavailable", "snapshot_chunks"]
+__all__ = ["Replicator", "ReplicaTransport", "ReplicationUnavailable"]
