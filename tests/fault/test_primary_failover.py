@@ -70,8 +70,18 @@ def test_primary_node_killed_mid_ingest_loses_no_acknowledged_trigger(tmp_path):
                 dups = len(reqs) - len(set(reqs))
                 assert dups <= 1, (vin, dups, "a duplicate only for the message in flight at the kill")
             ray.get(fanout.controller.status.remote(), timeout=30)  # status still answers with a dead node
+            with fleet._lock:
+                seen: dict[tuple[str, str], int] = {}
+                redelivered = flagged = 0
+                for vin, got in fleet.got.items():
+                    for rid, dup in got:
+                        seen[(vin, rid)] = seen.get((vin, rid), 0) + 1
+                        if seen[(vin, rid)] > 1:
+                            redelivered += 1
+                            flagged += dup
             print(f"failover {failover} kill->ingest-resumed, acked before kill {acked_before_kill}/{triggers}, "
-                  f"resends {pub.resends}, {time.monotonic() - killed_at:.1f}s after the kill")
+                  f"resends {pub.resends}, {time.monotonic() - killed_at:.1f}s after the kill; redeliveries {redelivered}, "
+                  f"with DUP {flagged}")
         finally:
             pub.close()
             fleet.close()
