@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from storage.batch import ENQUEUE
 from storage.errors import FencedError, StoreError
 from storage.replication import Ack, LogEntry, Need, ReplicaReply, Rejected, ShardPrimary, Shipment
 from storage.snapshot import SnapshotInfo
@@ -117,6 +118,9 @@ class Replicator:
             raise self._fenced
         store = self.primary.store
         seq = store.applied_seq + 1  # this thread is the store's only writer: the seq is known before applying
+        for op in batch.ops:
+            if op[0] == ENQUEUE:
+                op[4].sort()  # the local apply sorts these in place anyway; shipped sorted, replicas insert in key order
         data = batch.to_bytes()
         loop = self._loop
         if loop is not None:  # ship first (see the module docstring); the loop appends in call order = seq order
