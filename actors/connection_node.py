@@ -113,6 +113,8 @@ class ConnectionNode:
         self._flush_handle: asyncio.Handle | None = None
         self._fanout_sys: dict[str, Any] = {}
         self._stopping = False
+        self._retained_store: Any = None
+        self._retained_file: Any = None
         self._deliver_s = 0.0
         self._deliver_calls = 0
         self._event_calls = 0
@@ -127,10 +129,36 @@ class ConnectionNode:
         server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
+        self._restore_retained(server.broker.retained)
         await server.start()  # RuntimeError naming host:port when the bind fails
         self.server = server
         self._route_task = self._loop.create_task(self._route_loop())
         log.info("connection node ready", node_id=self.node_id, host=self.host, port=server.port, pid=os.getpid())
+
+    def _restore_retained(self, store: Any) -> None:
+        """Load the retained messages every node persisted (see :mod:`storage.retained`), then track changes."""
+        from storage.retained import RetainedFile, load_retained, retained_dir
+
+        data_dir = self.config.storage.data_dir
+        restored = load_retained(data_dir)
+        for topic, (payload, qos) in restored.items():
+            store.set(topic, payload, qos)
+        store.track_changes()
+        self._retained_store = store
+        self._retained_file = RetainedFile(retained_dir(data_dir) / f"{self.node_id}.lmdb")
+        if restored:
+            log.info("retained messages restored", node_id=self.node_id, topics=len(restored))
+
+    async def _persist_retained(self) -> None:
+        """Write the retained changes since the last call (one fsynced transaction, off the event loop)."""
+        changes = self._retained_store.take_changes() if self._retained_store is not None else {}
+        if changes and self._retained_file is not None:
+            try:
+                await self._loop.run_in_executor(None, self._retained_file.write, changes)
+            except Exception as exc:  # kept in memory; retried with the next change set
+                self._retained_store.requeue(changes)
+                log.error("retained messages not persisted", node_id=self.node_id, topics=len(changes),
+                          error=str(exc))
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -164,6 +192,7 @@ class ConnectionNode:
             self._route_task.cancel()
         if self.server is not None:
             await self.server.stop(drain=True, timeout=timeout_s)
+        await self._persist_retained()
         return self.edge.stats()
 
     async def set_peers(self, peers: dict[str, Any]) -> None:
@@ -321,6 +350,7 @@ class ConnectionNode:
             await asyncio.sleep(ROUTE_PERIOD_S)
             lag = time.monotonic() - before - ROUTE_PERIOD_S  # event-loop lag, for stats
             self._lag_max_s = max(self._lag_max_s, lag)
+            await self._persist_retained()
             try:
                 ann = self.edge.routes.announcement(int(time.monotonic() * 1000), filters_fn=broker.route_filters)
                 if ann is not None:
