@@ -52,20 +52,41 @@ EVENTS_MAX_WAIT_S = 0.010
 
 
 class _RayShardLink:
-    """:class:`fanout.ingest.ShardLink` over dispatcher actor handles."""
+    """:class:`fanout.ingest.ShardLink` over dispatcher actor handles.
+
+    A call to a shard whose dispatcher is replaced (failover) fails at once instead of hanging on the dead
+    actor: its tickets are rejected and the platform resends them to the new primary (idempotent).
+    """
 
     def __init__(self, handles: list[Any]) -> None:
         self._handles = handles
         self.shards = len(handles)
+        self._replaced: dict[int, asyncio.Future] = {}
+
+    def replaced(self, shard: int) -> None:
+        fut = self._replaced.pop(shard, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _call(self, shard: int, method: str, arg: Any) -> Any:
+        fut = self._replaced.get(shard)
+        if fut is None or fut.done():
+            fut = self._replaced[shard] = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(getattr(self._handles[shard], method).remote(arg))
+        await asyncio.wait((call, fut), return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            raise RuntimeError(f"dispatcher of shard {shard} replaced during the call")
+        return call.result()
 
     async def put_blobs(self, shard: int, items: list[tuple]) -> Any:
-        return await self._handles[shard].put_blobs.remote(items)
+        return await self._call(shard, "put_blobs", items)
 
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
-        return await self._handles[shard].has_data.remote(data_ids)
+        return await self._call(shard, "has_data", data_ids)
 
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
-        return await self._handles[shard].ingest.remote(items)
+        return await self._call(shard, "ingest", items)
 
 
 @ray.remote(num_cpus=0)
@@ -93,7 +114,8 @@ class ConnectionNode:
         self._reuse_port = reuse_port
         self._dispatchers = list(dispatchers)
         self._tick_s = config.fanout.tick_ms / 1000.0
-        self.edge = FanoutEdge(config, node_id, _RayShardLink(self._dispatchers), on_pending=self._schedule_flush)
+        self._link = _RayShardLink(self._dispatchers)
+        self.edge = FanoutEdge(config, node_id, self._link, on_pending=self._schedule_flush)
         self.server: Any = None
         self._peers: dict[str, Any] = {}
         self._events_busy: set[int] = set()
@@ -104,6 +126,8 @@ class ConnectionNode:
         self._flush_at = 0.0  # loop time the scheduled flush runs at
         self._fanout_sys: dict[str, Any] = {}
         self._stopping = False
+        self._retained_store: Any = None
+        self._retained_file: Any = None
         self._deliver_s = 0.0
         self._deliver_calls = 0
         self._event_calls = 0
@@ -119,10 +143,36 @@ class ConnectionNode:
         server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
+        self._restore_retained(server.broker.retained)
         await server.start()  # RuntimeError naming host:port when the bind fails
         self.server = server
         self._route_task = self._loop.create_task(self._route_loop())
         log.info("connection node ready", node_id=self.node_id, host=self.host, port=server.port, pid=os.getpid())
+
+    def _restore_retained(self, store: Any) -> None:
+        """Load the retained messages every node persisted (see :mod:`storage.retained`), then track changes."""
+        from storage.retained import RetainedFile, load_retained, retained_dir
+
+        data_dir = self.config.storage.data_dir
+        restored = load_retained(data_dir)
+        for topic, (payload, qos) in restored.items():
+            store.set(topic, payload, qos)
+        store.track_changes()
+        self._retained_store = store
+        self._retained_file = RetainedFile(retained_dir(data_dir) / f"{self.node_id}.lmdb")
+        if restored:
+            log.info("retained messages restored", node_id=self.node_id, topics=len(restored))
+
+    async def _persist_retained(self) -> None:
+        """Write the retained changes since the last call (one fsynced transaction, off the event loop)."""
+        changes = self._retained_store.take_changes() if self._retained_store is not None else {}
+        if changes and self._retained_file is not None:
+            try:
+                await self._loop.run_in_executor(None, self._retained_file.write, changes)
+            except Exception as exc:  # kept in memory; retried with the next change set
+                self._retained_store.requeue(changes)
+                log.error("retained messages not persisted", node_id=self.node_id, topics=len(changes),
+                          error=str(exc))
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -156,6 +206,7 @@ class ConnectionNode:
             self._route_task.cancel()
         if self.server is not None:
             await self.server.stop(drain=True, timeout=timeout_s)
+        await self._persist_retained()
         return self.edge.stats()
 
     async def set_peers(self, peers: dict[str, Any]) -> None:
@@ -197,6 +248,22 @@ class ConnectionNode:
         """
         n = len(self.edge.sync_events(shard))
         self._schedule_flush()
+        return n
+
+    async def set_dispatcher(self, shard: int, handle: Any) -> int:
+        """Failover: ``shard`` has a new primary. Calls to the old one fail now (their tickets are rejected and
+        resent by the platform) and this node resends its pending events (its connections of the shard).
+
+        Returns:
+            The number of connections resent.
+        """
+        self._dispatchers[shard] = handle  # the shard link shares this list
+        self._link.replaced(shard)
+        self._events_busy.discard(shard)
+        self._incarnations.pop(shard, None)
+        n = len(self.edge.sync_events(shard))
+        self._schedule_flush()
+        log.warning("shard primary replaced, pending events resent", shard=shard, connections=n)
         return n
 
     async def kick(self, client_ids: list[str]) -> int:
@@ -330,6 +397,7 @@ class ConnectionNode:
             await asyncio.sleep(ROUTE_PERIOD_S)
             lag = time.monotonic() - before - ROUTE_PERIOD_S  # event-loop lag, for stats
             self._lag_max_s = max(self._lag_max_s, lag)
+            await self._persist_retained()
             try:
                 ann = self.edge.routes.announcement(int(time.monotonic() * 1000), filters_fn=broker.route_filters)
                 if ann is not None:

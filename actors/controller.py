@@ -15,6 +15,8 @@ Strategy:
   ``$SYS`` value (``$SYS/fanout/...`` as is, each node's ``$SYS/broker/...`` as ``<topic>@<node_id>``)
   into the ``metrics`` table of shard 0 with one WriteBatch applied by dispatcher 0. Also a health check
   of the nodes: a node that stopped answering is announced down to dispatchers and peers.
+- Shards (:class:`actors.shards.ShardSet`): placement of each shard's primary (Dispatcher) and StoreReplicas,
+  epochs, the layout file, and failover. A watch loop probes them every ``fanout.heartbeat_interval``.
 - GC: :meth:`run_gc` runs one ``storage.jobs.cycle`` (every ``fanout.gc_interval`` from the housekeeping
   loop, and on ``fanout gc --live``): each dispatcher exports its shard, the Spark plan runs in this
   process, and the plan's WriteBatches go to each shard's primary with ``apply_batch`` (see :func:`gc_target`).
@@ -33,7 +35,7 @@ from fanout import log as fanout_log
 from storage import WriteBatch
 
 from .connection_node import ConnectionNode
-from .dispatcher import Dispatcher
+from .shards import ShardSet
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +44,7 @@ NAMESPACE = "sdv-fanout"
 HEALTH_PERIOD_S = 2.0
 HEALTH_TIMEOUT_S = 10.0
 NODE_START_TIMEOUT_S = 120.0
+STATUS_TIMEOUT_S = 5.0
 
 
 def fanout_ray_nodes() -> list[dict[str, Any]]:
@@ -90,7 +93,8 @@ class Controller:
         fanout_log.ensure_configured()
         self.config = config
         self.data_dir = str(config.storage.data_dir)
-        self.dispatchers: list[Any] = []
+        self.shards: ShardSet | None = None
+        self._watch_task: asyncio.Task | None = None
         self.nodes: dict[str, Any] = {}
         self.node_info: dict[str, dict[str, Any]] = {}
         self.down: set[str] = set()
@@ -119,13 +123,9 @@ class Controller:
             raise RuntimeError("no alive Ray node has the 'fanout_node' resource (start Ray with "
                                "--resources='{\"fanout_node\": 1}')")
         shards = cfg.fanout.dispatchers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.dispatchers = [
-            Dispatcher.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_nodes[k % len(ray_nodes)]["NodeID"], soft=False),
-            ).remote(cfg, k, shards, self.data_dir, ray.get_runtime_context().get_actor_name())
-            for k in range(shards)
-        ]
-        await asyncio.gather(*(d.ready.remote() for d in self.dispatchers))
+        self.shards = ShardSet(cfg, self.data_dir, ray.get_runtime_context().get_actor_name(), self._alive_nodes,
+                               lambda: {rid: self.nodes[n] for rid, n in self._ray_node_ids.items() if n in self.nodes})
+        await self.shards.start(ray_nodes, shards)
         # The first listener of each Ray node binds the configured port (or any free one); the other
         # listeners of that node (mqtt.listeners_per_node) then share the port it got.
         first = dict(self._place_node(rn) for rn in ray_nodes)
@@ -147,6 +147,7 @@ class Controller:
         await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
         self._started = True
         self._loop_task = asyncio.get_running_loop().create_task(self._housekeeping())
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         info = self._info()
         log.info("fanout cluster started", nodes=info["nodes"], shards=shards)
         return info
@@ -216,6 +217,40 @@ class Controller:
             await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
             await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
 
+    @property
+    def dispatchers(self) -> list[Any]:
+        """Current primary (Dispatcher) handle of each shard; changes on failover."""
+        return self.shards.dispatchers if self.shards is not None else []
+
+    def _alive_nodes(self) -> dict[str, Any]:
+        return {n: h for n, h in self.nodes.items() if n not in self.down}
+
+    def _node_of(self, ray_node_id: str) -> str | None:
+        return self._ray_node_ids.get(ray_node_id)
+
+    async def _watch(self) -> None:
+        """Probe primaries and replicas; fail over or replace what stays silent (see ``ShardSet.watch_once``)."""
+        period = self.config.fanout.heartbeat_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(period)
+            try:
+                if self.shards is not None:
+                    await self.shards.watch_once()
+            except Exception:
+                log.exception("shard watch failed")
+
+    async def replication_of(self, shard: int) -> dict[str, Any]:
+        """``{epoch, min_acks, replicas: {id: handle}}`` of a shard (a restarted Dispatcher asks)."""
+        return self.shards.replication_of(shard)
+
+    async def failover(self, shard: int) -> dict[str, Any] | None:
+        """Fail shard ``shard`` over now (operators, tests); see ``ShardSet.failover``."""
+        return await self.shards.failover(shard, reason="requested")
+
+    async def replication(self) -> list[dict[str, Any]]:
+        """Per shard: primary, replicas, epoch, applied seq, lag (part of :meth:`status`)."""
+        return await self.shards.status(self._node_of) if self.shards is not None else []
+
     def _info(self) -> dict[str, Any]:
         return {"nodes": [self.node_info[n] for n in sorted(self.node_info)], "shards": len(self.dispatchers)}
 
@@ -225,23 +260,31 @@ class Controller:
 
     async def handles(self) -> dict[str, Any]:
         """``{"dispatchers": [...], "nodes": {node_id: handle}}`` (tests, benchmarks, tools)."""
-        return {"dispatchers": list(self.dispatchers), "nodes": dict(self.nodes)}
+        replicas = [{rid: r.handle for rid, r in reps.items()} for reps in self.shards.replicas] if self.shards else []
+        return {"dispatchers": list(self.dispatchers), "nodes": dict(self.nodes), "replicas": replicas,
+                "ray_nodes": {p: n for p, n in self._ray_node_ids.items()},
+                "primary_ray_nodes": [p.ray_node_id for p in self.shards.primaries] if self.shards else [],
+                "failovers": list(self.shards.failovers) if self.shards else []}
 
     async def check_health(self) -> None:
         return None
 
     async def shutdown(self) -> None:
         """Drain every node, close every store, then kill the actors (the controller stays)."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-        await asyncio.gather(*(h.drain.remote() for h in self.nodes.values()), return_exceptions=True)
-        await asyncio.gather(*(d.close.remote() for d in self.dispatchers), return_exceptions=True)
-        for h in [*self.nodes.values(), *self.dispatchers]:
+        for task in (self._loop_task, self._watch_task):
+            if task is not None:
+                task.cancel()
+        alive = self._alive_nodes()
+        if alive:
+            await asyncio.wait([asyncio.ensure_future(h.drain.remote()) for h in alive.values()], timeout=10.0)
+        if self.shards is not None:
+            await asyncio.wait_for(self.shards.close(), 30.0)
+        for h in self.nodes.values():
             try:
                 ray.kill(h, no_restart=True)
             except Exception:
                 pass
-        self.nodes, self.dispatchers, self._started = {}, [], False
+        self.nodes, self.shards, self._started = {}, None, False
         log.info("fanout cluster stopped")
 
     # -- status and inspect ------------------------------------------------------------------------------
@@ -249,8 +292,11 @@ class Controller:
     async def status(self) -> dict[str, Any]:
         """Cluster status: nodes, shards and totals (the ``fanout status`` JSON)."""
         node_ids = sorted(self.nodes)
-        node_stats = await asyncio.gather(*(self.nodes[n].stats.remote() for n in node_ids), return_exceptions=True)
-        shard_stats = await asyncio.gather(*(d.stats.remote() for d in self.dispatchers), return_exceptions=True)
+        # Bounded: a node or primary on a dead Ray node never answers (status must still work then).
+        node_stats = await asyncio.gather(*(asyncio.wait_for(self.nodes[n].stats.remote(), STATUS_TIMEOUT_S)
+                                            for n in node_ids), return_exceptions=True)
+        shard_stats = await asyncio.gather(*(asyncio.wait_for(d.stats.remote(), STATUS_TIMEOUT_S)
+                                             for d in self.dispatchers), return_exceptions=True)
         nodes = []
         for n, st in zip(node_ids, node_stats):
             if isinstance(st, BaseException):
@@ -273,7 +319,8 @@ class Controller:
             "data_blobs": max((s["data_blobs"] for s in ok), default=0),
             "vehicles_connected": sum(s["connected"] for s in ok),
         }
-        return {"nodes": nodes, "shards": shards, "totals": totals, "data_dir": self.data_dir}
+        return {"nodes": nodes, "shards": shards, "totals": totals, "data_dir": self.data_dir,
+                "replication": await self.replication()}
 
     async def inspect(self, kind: str, ident: str) -> dict[str, Any]:
         """``fanout inspect vin|data|request ID``.
@@ -339,7 +386,8 @@ class Controller:
         Returns:
             The ``$SYS/fanout/...`` values.
         """
-        stats = await asyncio.gather(*(d.stats.remote() for d in self.dispatchers), return_exceptions=True)
+        stats = await asyncio.gather(*(asyncio.wait_for(d.stats.remote(), STATUS_TIMEOUT_S) for d in self.dispatchers),
+                                     return_exceptions=True)
         ok = [s for s in stats if not isinstance(s, BaseException)]
         values = {
             "$SYS/fanout/pending": sum(s["pending_rows"] for s in ok),
@@ -350,9 +398,11 @@ class Controller:
             "$SYS/fanout/shards": len(self.dispatchers),
         }
         self._last_sys = values
-        node_ids = sorted(self.nodes)
-        await asyncio.gather(*(self.nodes[n].set_sys.remote(values) for n in node_ids), return_exceptions=True)
-        snaps = await asyncio.gather(*(self.nodes[n].sys_snapshot.remote() for n in node_ids), return_exceptions=True)
+        node_ids = sorted(self._alive_nodes())
+        await asyncio.gather(*(asyncio.wait_for(self.nodes[n].set_sys.remote(values), STATUS_TIMEOUT_S)
+                               for n in node_ids), return_exceptions=True)
+        snaps = await asyncio.gather(*(asyncio.wait_for(self.nodes[n].sys_snapshot.remote(), STATUS_TIMEOUT_S)
+                                       for n in node_ids), return_exceptions=True)
         now_ms = time.time_ns() // 1_000_000
         batch = WriteBatch()
         for topic, value in values.items():
@@ -364,7 +414,7 @@ class Controller:
                 if not topic.startswith("$SYS/fanout/"):
                     batch.put_metric(f"{topic}@{n}", value, now_ms)
         if self.dispatchers:
-            await self.dispatchers[0].apply_batch.remote(batch.to_bytes())
+            await asyncio.wait_for(self.dispatchers[0].apply_batch.remote(batch.to_bytes()), STATUS_TIMEOUT_S)
         return values
 
     async def _housekeeping(self) -> None:

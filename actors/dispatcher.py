@@ -44,6 +44,8 @@ from fanout.wire import pack_batch, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
+from .primary_link import PrimaryLink
+
 log = structlog.get_logger(__name__)
 
 # The cyclic GC's default thresholds (700, 10, 10) make a full collection walk every live object (tens of
@@ -74,17 +76,19 @@ class Dispatcher:
             for the connection nodes and asks each node to resend its connections of this shard.
     """
 
-    def __init__(self, config: Any, shard: int, shards: int, data_dir: str, controller: str | None = None) -> None:
+    def __init__(self, config: Any, shard: int, shards: int, data_dir: str, controller: str | None = None,
+                 replication: dict[str, Any] | None = None) -> None:
         fanout_log.ensure_configured()
         gc.set_threshold(*GC_THRESHOLDS)
         self.config = config
         self.shard = shard
         self.incarnation = uuid.uuid4().hex[:12]
         st = config.storage
-        path = Path(data_dir) / f"shard-{shard}"
+        path = Path((replication or {}).get("path") or Path(data_dir) / f"shard-{shard}")  # a promoted replica's dir
         self.store = ShardStore(path, shard, map_size_bytes=st.map_size_bytes,
                                 max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
         self.core = ShardCore(self.store, shard, shards)
+        self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
         self._tick_s = config.fanout.tick_ms / 1000.0
         self._nodes: dict[str, Any] = {}
@@ -135,6 +139,7 @@ class Dispatcher:
         else:
             return
         self._nodes = dict(nodes)
+        await self.repl.recover(controller, self.shard)
         await asyncio.gather(*(h.resync.remote(self.shard) for h in self._nodes.values()), return_exceptions=True)
         log.warning("dispatcher restarted and resynced", shard=self.shard, nodes=sorted(self._nodes),
                     incarnation=self.incarnation)
@@ -152,9 +157,18 @@ class Dispatcher:
         self.core.node_down(node_id)
         self._kick()
 
+    async def set_replicas(self, epoch: int, replicas: dict[str, Any], min_acks: int) -> dict[str, Any]:
+        """The shard's replicas (``{replica_id: StoreReplica handle}``); see :class:`actors.primary_link.PrimaryLink`."""
+        return self.repl.set_replicas(epoch, replicas, min_acks)
+
+    async def replication_status(self) -> dict[str, Any]:
+        """Epoch, applied seq and per-replica acked seq/lag/in-sync (``fanout status``)."""
+        return self.repl.status()
+
     async def close(self) -> None:
         """Stop the tick, finish pending writes, close the store."""
         self._closed = True
+        self.repl.close()
         self._task.cancel()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, lambda: None)  # drain queued writes
@@ -321,7 +335,7 @@ class Dispatcher:
                 group, self._queued_writes = self._queued_writes, []
                 merged = group[0][0] if len(group) == 1 else WriteBatch([op for b, _ in group for op in b.ops])
                 try:
-                    result = await loop.run_in_executor(self._writer, self.store.apply, merged)
+                    result = await loop.run_in_executor(self._writer, self.repl.apply_local, merged)
                 except Exception as exc:
                     if len(group) == 1:
                         group[0][1].set_exception(exc)
@@ -330,15 +344,15 @@ class Dispatcher:
                                 batches=len(group), error=repr(exc))
                     for batch, done in group:  # only the faulty batch fails
                         try:
-                            r = await loop.run_in_executor(self._writer, self.store.apply, batch)
+                            r = await loop.run_in_executor(self._writer, self.repl.apply_local, batch)
                             self.core.applied(r.counts)
-                            done.set_result(r.counts)
+                            self.repl.settle_after_replication(r, [done])
                         except Exception as one:
                             done.set_exception(one)
                     continue
                 self.core.applied(result.counts)
-                for _batch, done in group:
-                    done.set_result(result.counts)
+                # Callers are answered once the replicas hold the batch; the next group applies meanwhile.
+                self.repl.settle_after_replication(result, [done for _batch, done in group])
         finally:
             self._writing = False
 

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 from .common import raise_nofile_limit
 
 # Registration: one module name per scenario group, run in this order.
-MODULES: tuple[str, ...] = ("broker_bench", "client_bench", "gc_bench", "fanout_bench", "fleet_bench")
+MODULES: tuple[str, ...] = ("broker_bench", "client_bench", "gc_bench", "fanout_bench", "fleet_bench",
+                             "replication_bench")
 
 
 def _short(name: str) -> str:

@@ -158,7 +158,11 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
     Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)
     if detached is None:
         detached = not already and address not in (None, "local")
-    options: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the driver's node: the controller runs failover, so it should not share the fate of a worker node.
+    options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "scheduling_strategy":
+                               NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
     if detached:
         options["lifetime"] = "detached"
     controller = Controller.options(**options).remote(config)

@@ -139,7 +139,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "gc_interval": Field("gc_interval_ms", "1h", _duration(0), "export + Spark GC period (0 = never)"),
         "max_batch": Field("max_batch", 1_000_000, _int(1, 10_000_000), "most VINs in one trigger"),
         "max_blob_size": Field("max_blob_size_bytes", "1MiB", _size(1), "largest data blob"),
-        "failover_timeout": Field("failover_timeout_ms", "3s", _duration(100), "a primary silent this long is replaced"),
+        "failover_timeout": Field("failover_timeout_ms", "1500ms", _duration(100), "a primary silent this long, on a node that is silent too, is replaced"),
+        "heartbeat_interval": Field("heartbeat_interval_ms", "250ms", _duration(10), "how often the controller probes each shard primary"),
+        "replica_timeout": Field("replica_timeout_ms", "2s", _duration(10), "a replica slower than this leaves the ack set; a write short of min_replicas_to_ack fails after it"),
         "tick": Field("tick_ms", "2ms", _duration(0), "dispatcher batching tick"),
     },
     "storage": {
@@ -148,6 +150,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_map_size": Field("max_map_size_bytes", "64GiB", _size(1 << 16), "LMDB map size ceiling per shard"),
         "sync": Field("sync", True, _bool, "fsync each commit (durability of acknowledged writes)"),
         "replication_log": Field("replication_log_entries", 10_000, _int(16), "batches kept for replica catch-up"),
+        "replication_log_size": Field("replication_log_size_bytes", "64MiB", _size(1 << 16), "bytes of batches kept for replica catch-up (older needs a snapshot)"),
     },
     "gc": {
         "spark_master": Field("spark_master", "local[2]", _str(), "Spark master URL"),

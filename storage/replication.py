@@ -124,6 +124,18 @@ class ReplicationLog:
             self._bytes -= len(dropped)
             self._base += 1
 
+    def drop_last(self, seq: int) -> bool:
+        """Remove the newest entry if it is ``seq`` (a batch shipped before its local apply failed).
+
+        Returns:
+            Whether it was removed.
+        """
+        if not self._entries or self._entries[-1][0] != seq:
+            return False
+        _, data = self._entries.pop()
+        self._bytes -= len(data)
+        return True
+
     def since(self, seq: int) -> list[LogEntry] | None:
         """Entries from ``seq`` (inclusive) to the newest.
 
@@ -264,6 +276,19 @@ class ReplicaApplier:
             return Ack(self._applied)
         return Need(self._applied + 1)  # Rule 5
 
+    def hello(self, epoch: int) -> ReplicaReply:
+        """A primary's first contact (or probe): Rules 1-2, then ``Ack(applied_seq)`` so it knows where to start.
+
+        Returns:
+            ``Rejected(known)`` for a stale sender, else ``Ack(applied_seq)`` (a higher epoch is persisted).
+        """
+        if epoch < self._epoch:
+            return Rejected(self._epoch)
+        if epoch > self._epoch:
+            self.store.set_epoch(epoch)
+            self._epoch = epoch
+        return Ack(self._applied)
+
     def _refresh(self) -> None:
         self._epoch, self._applied = self.store.epoch, self.store.applied_seq
 
@@ -273,6 +298,8 @@ class ReplicaApplier:
         Returns:
             The last answer (``Ack(applied_seq)`` for an empty list).
         """
+        if epoch < self._epoch:
+            return Rejected(self._epoch)  # also for an empty list: a deposed primary must not think it is acked
         reply: ReplicaReply = Ack(self._applied)
         for seq, data in entries:
             reply = self.apply(epoch, seq, data)
@@ -306,3 +333,27 @@ class ReplicaApplier:
         self._epoch, self._applied = store.epoch, store.applied_seq
         log.info("replica_snapshot_installed", shard=shard_id, applied_seq=self._applied, epoch=self._epoch)
         return Ack(self._applied)
+
+
+def table_digests(store: ShardStore) -> dict[str, str]:
+    """SHA-1 of every replicated table's keys and values, from one read transaction.
+
+    Two stores with equal digests hold the same rows (``sys`` is per store and not compared). Used by
+    the fault tests and ``StoreReplica.digests`` to compare a caught-up replica with its primary.
+    """
+    import hashlib
+
+    from storage import tables
+
+    out: dict[str, str] = {}
+    with store.snapshot_view() as view:
+        for db in tables.USER_DBS:
+            h = hashlib.sha1()
+            n = 0
+            for keys_, values in view.raw_chunks(db):
+                for k, v in zip(keys_, values):
+                    h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+                n += len(keys_)
+            out[db] = f"{n}:{h.hexdigest()}"
+    out["applied_seq"] = str(view.applied_seq)
+    return out

@@ -20,7 +20,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("status", help="print the cluster status as JSON (nodes, shards, totals)")
+    p = sub.add_parser("status", help="print the cluster status as JSON (nodes, shards, totals, replication)")
+    p.add_argument("--replication", action="store_true",
+                   help="print only the per-shard replication table (primary, replicas, epoch, applied seq, lag)")
     _common(p)
     p.set_defaults(func=_status)
     q = sub.add_parser("inspect", help="show one VIN, data blob or request as JSON")
@@ -39,7 +41,7 @@ def _controller(args: argparse.Namespace) -> Any:
     return connect(find_address(cfg.storage.data_dir, args.address))
 
 
-def _call(args: argparse.Namespace, method: str, *call_args: Any) -> int:
+def _call(args: argparse.Namespace, method: str, *call_args: Any, render: Any = None) -> int:
     import ray
 
     try:
@@ -52,11 +54,27 @@ def _call(args: argparse.Namespace, method: str, *call_args: Any) -> int:
         cause = exc.cause if exc.cause is not None else exc
         print(f"fanout: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2, default=str))
+    print(render(result) if render is not None else json.dumps(result, indent=2, default=str))
     return 0
 
 
+def replication_table(rows: list[dict[str, Any]]) -> str:
+    """One line per shard: ``shard epoch applied_seq primary@node replicas(id@node seq lag in-sync)``."""
+    out = ["shard  epoch  applied_seq  primary          replicas (id@node acked_seq lag, * = in the ack set)"]
+    for r in rows:
+        p = r["primary"]
+        primary = f"{p.get('node') or '?'}{'' if p.get('alive') else ' (down)'}"
+        reps = ", ".join(
+            f"{x['id']}@{x.get('node') or '?'} {x.get('acked_seq')} lag={x.get('lag')}{'*' if x.get('in_sync') else ''}"
+            for x in r["replicas"]) or "-"
+        state = " failing over" if r.get("failing_over") else ""
+        out.append(f"{r['shard']:<6} {r['epoch']:<6} {str(r.get('applied_seq', '?')):<12} {primary:<16} {reps}{state}")
+    return "\n".join(out)
+
+
 def _status(args: argparse.Namespace) -> int:
+    if args.replication:
+        return _call(args, "replication", render=replication_table)
     return _call(args, "status")
 
 

@@ -6,6 +6,11 @@ message; an empty payload removes it (MQTT-3.3.1-10/11); RETAIN=1 with QoS 0 is 
 filter without wildcards with one lookup and a wildcard filter with a scan over the stored topics, which
 is fine for the few hundred retained topics of this system ($SYS values, wills); a topic tree would be
 the next step if millions of retained topics had to be served.
+
+Persistence stays outside (sans-I/O): with ``track_changes`` the store remembers which topics changed
+since :meth:`RetainedStore.take_changes`, and the adapter writes them wherever it keeps them
+(``storage.retained`` in the cluster). ``$SYS/...`` topics are not tracked: each node republishes its
+own statistics.
 """
 from __future__ import annotations
 
@@ -17,10 +22,24 @@ from .topics import topic_matches
 class RetainedStore:
     """Topic name -> (payload, qos) of the last retained message."""
 
-    __slots__ = ("_msgs",)
+    __slots__ = ("_msgs", "_changes")
 
     def __init__(self) -> None:
         self._msgs: dict[str, tuple[bytes, int]] = {}
+        self._changes: dict[str, tuple[bytes, int] | None] | None = None
+
+    def track_changes(self) -> None:
+        """From now on remember changed topics for :meth:`take_changes`."""
+        if self._changes is None:
+            self._changes = {}
+
+    def take_changes(self) -> dict[str, tuple[bytes, int] | None]:
+        """Topics changed since the last call: ``(payload, qos)``, or None where the message was cleared."""
+        changes = self._changes
+        if not changes:
+            return {}
+        self._changes = {}
+        return changes
 
     def __len__(self) -> int:
         return len(self._msgs)
@@ -32,6 +51,11 @@ class RetainedStore:
         """The retained (payload, qos) of ``topic``, or None."""
         return self._msgs.get(topic)
 
+    def requeue(self, changes: dict[str, tuple[bytes, int] | None]) -> None:
+        """Give back changes that could not be persisted (newer changes of the same topics win)."""
+        if self._changes is not None:
+            self._changes = {**changes, **self._changes}
+
     def set(self, topic: str, payload: bytes, qos: int) -> None:
         """Store (or, for an empty payload, clear) the retained message of ``topic``.
 
@@ -42,8 +66,10 @@ class RetainedStore:
         """
         if payload:
             self._msgs[topic] = (payload, qos)
-        else:
-            self._msgs.pop(topic, None)
+        elif self._msgs.pop(topic, None) is None:
+            return  # clearing nothing changes nothing
+        if self._changes is not None and not topic.startswith("$SYS/"):
+            self._changes[topic] = (payload, qos) if payload else None
 
     def matching(self, topic_filter: str) -> Iterator[tuple[str, bytes, int]]:
         """(topic, payload, qos) of every retained message the filter matches, topics in insertion order.

@@ -1,0 +1,189 @@
+"""StoreReplica actor: one replica of one shard's LMDB store, fed by the shard's primary (the Dispatcher).
+
+Strategy:
+
+- It owns ``<data_dir>/replica-<shard>-<n>`` (its only writer) and a :class:`storage.replication.ReplicaApplier`
+  that decides every shipped batch by the replica rules (lower epoch rejected, duplicates re-acked, gaps
+  answered with ``Need``). Applies run on a single-thread executor in arrival order, so the event loop
+  keeps answering ``status``/``check_health`` while a big batch commits.
+- ``max_restarts=-1``: killed, it restarts on its node, reopens its store and the primary's pump catches
+  it up (log, or snapshot + log). Calls are not retried by Ray (``max_task_retries=0``): the pump
+  re-probes with ``hello`` and resends, which the rules make idempotent.
+- Snapshots arrive in chunks (:class:`RayReplicaTransport.send_snapshot` reads the primary's ``env.copy``
+  directory and ships ``SNAPSHOT_CHUNK_BYTES`` per call, so no single object exceeds the object store),
+  are written next to the store and installed atomically.
+- :meth:`promote` closes the store for the Controller, which then starts the shard's new Dispatcher on
+  this node over the same directory and kills this actor.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import ray
+import structlog
+
+from fanout import log as fanout_log
+from storage import ShardStore
+from storage.errors import StoreError
+from storage.replication import LogEntry, Rejected, ReplicaApplier, ReplicaReply, table_digests
+from storage.snapshot import SnapshotInfo
+
+log = structlog.get_logger(__name__)
+
+SNAPSHOT_CHUNK_BYTES = 8 << 20
+
+
+def replica_dir(data_dir: str | os.PathLike[str], shard: int, n: int) -> Path:
+    """Directory of replica ``n`` of ``shard`` (``<data_dir>/replica-<shard>-<n>``)."""
+    return Path(data_dir) / f"replica-{shard}-{n}"
+
+
+def open_store(config: Any, path: str | os.PathLike[str], shard: int) -> ShardStore:
+    st = config.storage
+    return ShardStore(path, shard, map_size_bytes=st.map_size_bytes, max_map_size_bytes=st.max_map_size_bytes,
+                      sync=st.sync)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class StoreReplica:
+    """Replica ``replica_id`` of shard ``shard`` stored at ``path``."""
+
+    def __init__(self, config: Any, shard: int, replica_id: str, path: str) -> None:
+        fanout_log.ensure_configured()
+        self.shard = shard
+        self.replica_id = replica_id
+        self.path = path
+        self.applier: ReplicaApplier | None = ReplicaApplier(open_store(config, path, shard))
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{shard}-writer")
+        self._incoming: dict[str, Path] = {}
+        log.info("store replica started", shard=shard, replica=replica_id, path=path,
+                 applied_seq=self.applier.applied_seq, epoch=self.applier.epoch, pid=os.getpid())
+
+    def _live(self) -> ReplicaApplier:
+        if self.applier is None:
+            raise StoreError(f"replica {self.replica_id} of shard {self.shard} was promoted")
+        return self.applier
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    async def ready(self) -> dict[str, Any]:
+        """``{shard, replica_id, path, applied_seq, epoch, ray_node_id, pid}``."""
+        a = self._live()
+        return {"shard": self.shard, "replica_id": self.replica_id, "path": self.path, "applied_seq": a.applied_seq,
+                "epoch": a.epoch, "ray_node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    async def check_health(self) -> None:
+        return None
+
+    async def hello(self, epoch: int) -> ReplicaReply:
+        return await self._run(self._live().hello, epoch)
+
+    async def apply_many(self, epoch: int, entries: list[LogEntry]) -> ReplicaReply:
+        return await self._run(self._live().apply_many, epoch, entries)
+
+    async def snapshot_chunk(self, token: str, name: str, offset: int, data: bytes) -> None:
+        """Write one chunk of an incoming snapshot file (``<path>.incoming-<token>/<name>`` at ``offset``)."""
+        d = self._incoming.setdefault(token, Path(f"{self.path}.incoming-{token}"))
+        d.mkdir(parents=True, exist_ok=True)
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"bad snapshot file name {name!r}")
+
+        def write() -> None:
+            with open(d / name, "r+b" if (d / name).exists() else "wb") as f:
+                f.seek(offset)
+                f.write(data)
+                if not data or len(data) < SNAPSHOT_CHUNK_BYTES:
+                    f.flush()
+                    os.fsync(f.fileno())
+
+        await self._run(write)
+
+    async def install_snapshot(self, epoch: int, token: str) -> ReplicaReply:
+        """Replace the store by the received snapshot (keeping the higher epoch); ``Ack(its applied_seq)``."""
+        a = self._live()
+        d = self._incoming.pop(token, None)
+        if d is None:
+            raise StoreError(f"no snapshot {token} received")
+        try:
+            hello = await self._run(a.hello, epoch)
+            if isinstance(hello, Rejected):
+                return hello  # a deposed primary's snapshot
+            return await self._run(a.install_snapshot, d)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    async def promote(self) -> dict[str, Any]:
+        """Close the store so the shard's new primary can open it; no more applies here.
+
+        Returns:
+            ``{path, applied_seq, epoch}`` at close.
+        """
+        a = self._live()
+        info = {"path": self.path, "applied_seq": a.applied_seq, "epoch": a.epoch}
+        await self._run(a.store.close)
+        self.applier = None
+        log.warning("replica promoted: store closed for the new primary", shard=self.shard, replica=self.replica_id,
+                    **info)
+        return info
+
+    async def digests(self) -> dict[str, str]:
+        """Per-table digests (see :func:`storage.replication.table_digests`)."""
+        return await self._run(table_digests, self._live().store)
+
+    async def status(self) -> dict[str, Any]:
+        a = self.applier
+        return {"replica_id": self.replica_id, "shard": self.shard, "path": self.path,
+                "applied_seq": a.applied_seq if a else None, "epoch": a.epoch if a else None, "promoted": a is None}
+
+    async def close(self) -> None:
+        if self.applier is not None:
+            await self._run(self.applier.store.close)
+            self.applier = None
+        self._writer.shutdown(wait=True)
+
+
+class RayReplicaTransport:
+    """:class:`storage.replicator.ReplicaTransport` over a ``StoreReplica`` handle."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def hello(self, epoch: int) -> ReplicaReply:
+        return await self.handle.hello.remote(epoch)
+
+    async def apply_many(self, epoch: int, entries: list[LogEntry]) -> ReplicaReply:
+        return await self.handle.apply_many.remote(epoch, entries)
+
+    async def send_snapshot(self, epoch: int, info: SnapshotInfo) -> ReplicaReply:
+        """Ship every file of the snapshot directory in ``SNAPSHOT_CHUNK_BYTES`` calls, then install it."""
+        import uuid
+
+        token = uuid.uuid4().hex[:12]
+        loop = asyncio.get_running_loop()
+        for p in sorted(Path(info.path).iterdir()):
+            if not p.is_file() or p.name == "lock.mdb":
+                continue
+            size = p.stat().st_size
+            offset = 0
+            while True:
+                data = await loop.run_in_executor(None, _read_chunk, p, offset)
+                await self.handle.snapshot_chunk.remote(token, p.name, offset, data)
+                offset += len(data)
+                if offset >= size or not data:
+                    break
+        return await self.handle.install_snapshot.remote(epoch, token)
+
+
+def _read_chunk(path: Path, offset: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(SNAPSHOT_CHUNK_BYTES)
+
+
+__all__ = ["StoreReplica", "RayReplicaTransport", "replica_dir", "open_store"]
