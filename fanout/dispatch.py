@@ -240,14 +240,25 @@ class VinDispatcher:
             vs.resumed_inflight = True
         return []
 
-    def on_subscribe(self, vin: str, generation: int, subscribed: bool) -> list[Action]:
-        """The connection's subscriptions changed: does it now match its delivery topic? Never sends.
+    def on_subscribe(self, vin: str, generation: int, subscribed: bool, at_us: int | None = None) -> list[Action]:
+        """The connection's subscriptions changed: does it now match its delivery topic?
+
+        Not a trigger for rows written before the subscription (a late subscriber waits for its
+        heartbeat, as the contract says). But a row written after it (``ts_ms`` against ``at_us``, the
+        node's wall clock when it granted the subscription) is sent now: events and ingest reach the
+        dispatcher by separate calls, so a batch the platform published after the vehicle's SUBACK can
+        arrive before the subscription does, and that vehicle is owed realtime delivery.
 
         An unsubscribe keeps the in-flight row: its PUBACK may still come.
         """
         vs = self._live(vin, generation)
-        if vs is not None:
-            vs.subscribed = subscribed
+        if vs is None:
+            return []
+        was, vs.subscribed = vs.subscribed, subscribed
+        if subscribed and not was and at_us is not None and vs.inflight is None:
+            row = self._next_row(vin, vs.deleting)
+            if row is not None and row.ts_ms * 1000 >= at_us:
+                return self.maybe_send(vin)
         return []
 
     def on_heartbeat(self, vin: str, generation: int) -> list[Action]:

@@ -78,6 +78,7 @@ class FanoutEdge(BrokerHooks):
         self._topic_head, self._topic_tail = head, rest + "/"
         self._topic_simple = bool(sep) and VIN_PLACEHOLDER not in rest  # else: str.replace per send
         self._gens = GenerationClock(clock_us)
+        self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
         self.routes = RouteTable(node_id, generalize=delivery_route_generalizer(self._prefix))
@@ -192,7 +193,7 @@ class FanoutEdge(BrokerHooks):
             have.update(new)
             return
         self._cover[e.client_id] = new
-        self._emit(entry[2], (EV_SUBSCRIBED, e.client_id, entry[1], True))
+        self._emit(entry[2], (EV_SUBSCRIBED, e.client_id, entry[1], True, self._wall_us()))
 
     def _unsubscribed(self, e: Unsubscribed) -> None:
         self.routes.mark_dirty()

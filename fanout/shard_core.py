@@ -147,7 +147,7 @@ class ShardCore:
                     if VIN_RE.fullmatch(cid):
                         vd.on_disconnect(cid, gen)
                 elif kind == EV_SUBSCRIBED:
-                    vd.on_subscribe(e[1], e[2], e[3])
+                    vd.on_subscribe(e[1], e[2], e[3], e[4] if len(e) > 4 else None)
                 elif kind == EV_FAILED:
                     vd.on_send_failed(e[1], e[2], e[3])
                 elif kind == EV_SYNC:

@@ -8,7 +8,8 @@ ConnectionNode -> Dispatcher ``events(node_id, events)``, one list per dispatche
 
 - ``(EV_CONNECT, client_id, generation, session_present, subscribed, inflight_key | None)``
 - ``(EV_DISCONNECT, client_id, generation)``
-- ``(EV_SUBSCRIBED, client_id, generation, subscribed)`` - the "covers the delivery filter" boolean changed
+- ``(EV_SUBSCRIBED, client_id, generation, subscribed[, at_us])`` - the "covers the delivery filter"
+  boolean changed; ``at_us`` (wall clock) when it became true, so that rows written after it are sent
 - ``(EV_HEARTBEAT, client_id, generation)`` - ``ecp/<VIN>/online`` or ``ecp/<VIN>/heartbeat``
 - ``(EV_ACK, client_id, generation, row_key)`` - PUBACK of a fanout message
 - ``(EV_FAILED, client_id, generation, row_key)`` - the node dropped a fanout message (full queue)

@@ -532,3 +532,21 @@ def test_random_walks_of_the_model() -> None:
             rng.choice(steps)(model)
             model.dispatcher_view_matches()
         model.teardown()
+
+
+def test_subscription_that_reaches_the_dispatcher_after_a_newer_batch_is_sent_realtime(d: VinDispatcher, rows: MemoryRows) -> None:
+    """Events and ingest are separate calls: the batch (ts 5 ms) the platform published after the SUBACK
+    (at 4,000 µs) can arrive first. The vehicle subscribed before the publish, so it is owed the row now."""
+    d.on_connect("V1", "A", 1_000, session_present=False)
+    rows.ts = 4
+    r = rows.add("V1", "r1")  # ts_ms 5
+    assert d.on_batch(["V1"]) == []  # the subscription is not known yet
+    assert sends(d.on_subscribe("V1", 1_000, True, at_us=4_000)) == [Send(vin="V1", node="A", generation=1_000, row=r)]
+
+
+def test_subscription_older_than_nothing_pending_stays_a_late_subscribe(d: VinDispatcher, rows: MemoryRows) -> None:
+    d.on_connect("V1", "A", 1_000, session_present=False)
+    rows.ts = 4
+    rows.add("V1", "r1")  # ts_ms 5: written before the subscription at 6,000 µs
+    assert d.on_subscribe("V1", 1_000, True, at_us=6_000) == []
+    assert [s.row.request_id for s in sends(d.on_heartbeat("V1", 1_000))] == ["r1"]

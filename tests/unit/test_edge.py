@@ -219,9 +219,10 @@ async def test_connect_subscribe_heartbeat_become_dispatcher_events(cluster):
     v.send(Unsubscribe(3, ("agent/V1/#",)))
     events = cluster.edge.take_events()[shard_of("V1", 2)]
     gen = cluster.edge.generation_of("V1")
+    assert events[1][4] > gen  # the subscription time, after the connection's
     assert events == [
         (EV_CONNECT, "V1", gen, False, False, None),
-        (EV_SUBSCRIBED, "V1", gen, True),
+        (EV_SUBSCRIBED, "V1", gen, True, events[1][4]),
         (EV_HEARTBEAT, "V1", gen),
         (EV_SUBSCRIBED, "V1", gen, False),
     ]
