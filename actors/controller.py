@@ -43,6 +43,7 @@ CONTROLLER_NAME = "fanout-controller"
 NAMESPACE = "sdv-fanout"
 HEALTH_PERIOD_S = 2.0
 HEALTH_TIMEOUT_S = 10.0
+RECHECK_TIMEOUT_S = 2.0  # a node declared down is probed again each housekeeping round with this timeout
 NODE_START_TIMEOUT_S = 120.0
 STATUS_TIMEOUT_S = 5.0
 
@@ -439,6 +440,7 @@ class Controller:
     async def _check_nodes(self) -> None:
         for node_id, handle in list(self.nodes.items()):
             if node_id in self.down:
+                await self._recheck_down_node(node_id, handle)
                 continue
             try:
                 await asyncio.wait_for(handle.check_health.remote(), HEALTH_TIMEOUT_S)
@@ -450,6 +452,23 @@ class Controller:
                 for other, h in self.nodes.items():
                     if other != node_id:
                         h.peer_down.remote(node_id)
+
+
+    async def _recheck_down_node(self, node_id: str, handle: Any) -> None:
+        """A node declared down that answers again (it stalled past HEALTH_TIMEOUT_S: CPU starvation, a
+        long pause) is taken back: peers relearn it, and it resends its connections to every shard so
+        the dispatchers, which forgot them, deliver to its vehicles again."""
+        try:
+            await asyncio.wait_for(handle.check_health.remote(), RECHECK_TIMEOUT_S)
+        except Exception:
+            return  # still down (or dead for good: a Ray node loss is handled by failover)
+        self.down.discard(node_id)
+        alive = self._alive_nodes()
+        await asyncio.gather(*(h.set_peers.remote(alive) for h in alive.values()), return_exceptions=True)
+        resent = await asyncio.gather(*(handle.resync.remote(k) for k in range(len(self.dispatchers))),
+                                      return_exceptions=True)
+        log.warning("connection node back", node_id=node_id,
+                    connections_resent=sum(n for n in resent if isinstance(n, int)))
 
 
 __all__ = ["Controller", "CONTROLLER_NAME", "NAMESPACE", "fanout_ray_nodes"]

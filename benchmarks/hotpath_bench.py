@@ -74,7 +74,7 @@ class HotPath:
         cfg = load_config(None, env={}).replace("mqtt", sys_interval="0s", max_connections=vehicles + 10,
                                                 max_platform_packet_size="64MiB")
         self.stores = [ShardStore(root / f"shard-{k}", k, sync=sync) for k in range(shards)]
-        self.cores = [ShardCore(s, k, shards) for k, s in enumerate(self.stores)]
+        self.cores = [ShardCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
         self.edge = FanoutEdge(cfg, "n0", _Link(self.cores))
         self.broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), self.edge, now_ms=1)
         self.edge.attach(self.broker)

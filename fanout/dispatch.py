@@ -82,6 +82,7 @@ class Send:
     node: NodeId
     generation: int
     row: Row
+    dup: bool = False  # DUP=1: this row may have reached the vehicle before (see VinDispatcher.maybe_send)
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -130,6 +131,7 @@ class VehicleState:
     inflight: InFlight | None = None  # the unacked row, if any
     resumed_inflight: bool = False  # inflight came from a resumed session; the node redelivers it
     deleting: set[bytes] | None = None  # acked keys whose Delete is not confirmed yet (Rule 4)
+    attempted: bytes | None = None  # key of the last row sent to this VIN by this dispatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,8 @@ class VinDispatcher:
     Every input returns the actions it produced; the same actions are queued for ``drain_actions``.
     """
 
-    def __init__(self, rows: PendingRows) -> None:
+    def __init__(self, rows: PendingRows, started_ms: int = 0) -> None:
+        self._started_ms = started_ms  # rows older than this may have been sent by a previous incarnation
         """Args: rows: source of pending rows of this shard (``ShardRowsAdapter(store)``)."""
         self._rows = rows
         self._skipping = getattr(rows, "next_row_skipping", None)
@@ -367,7 +370,13 @@ class VinDispatcher:
         if row is None:
             return []
         self._set_inflight(vs, InFlight(key=row.key, row=row))
-        send = Send(vin=vin, node=vs.node, generation=vs.generation, row=row)
+        # DUP=1 when this row may have reached the vehicle before: it is the row this dispatcher handed
+        # to a node last (the vehicle dropped before its PUBACK), or, for the first send to a VIN since
+        # this dispatcher started (a restart, or a promoted replica after failover), a row older than
+        # the start: one in flight per VIN means only the oldest row can have been out under the
+        # predecessor. (``attempted`` is set when a send leaves, in ``drain_actions``.)
+        dup = row.key == vs.attempted or (vs.attempted is None and row.ts_ms < self._started_ms)
+        send = Send(vin=vin, node=vs.node, generation=vs.generation, row=row, dup=dup)
         self._sends.append(send)
         self._sent += 1
         return [send]
@@ -405,6 +414,7 @@ class VinDispatcher:
                 # Rule 5: disconnected, reconnected or acked-elsewhere in the same tick; row still pending.
                 continue
             inflight.sent_ms = now_ms
+            vs.attempted = send.row.key
             plan.sends.setdefault(send.node, []).append(send)
         self._sends = []
         self._deletes = []

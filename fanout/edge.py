@@ -268,7 +268,8 @@ class FanoutEdge(BrokerHooks):
         """Execute one dispatcher batch.
 
         Args:
-            sends: ``(vin, generation, row_key, request_id, data_id)`` tuples.
+            sends: ``(vin, generation, row_key, request_id, data_id, dup)`` tuples (``dup``: DUP=1, the
+                row may have been sent before, see :mod:`fanout.dispatch`).
             payloads: ``{data_id: blob}`` for the sends.
             kicks: ``(client_id, generation)`` connections to close (taken over on another node).
 
@@ -283,7 +284,7 @@ class FanoutEdge(BrokerHooks):
         cover = self._cover
         head, tail, simple, prefix = self._topic_head, self._topic_tail, self._topic_simple, self._prefix
         failures: list[tuple] = []
-        for vin, gen, key, request_id, data_id in sends:
+        for vin, gen, key, request_id, data_id, dup in sends:
             entry = live.get(vin)
             if entry is None or entry[1] != gen:
                 failures.append((vin, gen, key, _NOT_CONNECTED))
@@ -291,7 +292,7 @@ class FanoutEdge(BrokerHooks):
             # The covering filters let the broker skip matching the topic against every filter.
             topic = (f"{head}{vin}{tail}{request_id}" if simple
                      else f"{prefix.replace(VIN_PLACEHOLDER, vin)}/{request_id}")
-            status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin))
+            status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin), dup=dup)
             if status >= _FAILED_MIN:
                 failures.append((vin, gen, key, int(status)))
         self.deliver_failures += len(failures)

@@ -19,6 +19,7 @@ live here so they are unit-testable with a real ``ShardStore`` and no cluster:
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
@@ -102,14 +103,16 @@ class ShardCore:
         store: the shard's ``ShardStore`` (read here; written only by the caller).
         shard: shard index.
         shards: shard count.
+        started_ms: wall-clock start of this dispatcher (default now): rows older than it may have
+            been in flight under a predecessor, so their first send goes out with DUP=1.
     """
 
-    def __init__(self, store: Any, shard: int, shards: int) -> None:
+    def __init__(self, store: Any, shard: int, shards: int, started_ms: int | None = None) -> None:
         self.store = store
         self.shard = shard
         self.shards = shards
         self.rows = TickRows(store)
-        self.vd = VinDispatcher(self.rows)
+        self.vd = VinDispatcher(self.rows, started_ms=int(time.time() * 1000) if started_ms is None else started_ms)
         self._clients: dict[str, tuple[str, int]] = {}  # client id -> (node, generation) of the live connection
         self._kicks: dict[str, list[tuple[str, int]]] = {}
         self._sends: dict[str, list[tuple]] = {}
@@ -328,7 +331,7 @@ class ShardCore:
                         self.discarded += 1
                         self.vd.discard_row(s.vin, row.key)
                         continue
-                    out.append((s.vin, s.generation, row.key, row.request_id, row.data_id))
+                    out.append((s.vin, s.generation, row.key, row.request_id, row.data_id, s.dup))
                 if not out:
                     del self._sends[node]
 

@@ -220,7 +220,7 @@ class Routing:
     def _send_msg(self: "Broker", s: Session, m: OutMsg) -> DeliverStatus:
         if s.window_open():
             pid = s.send(m)
-            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, False, pid))
+            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
             self.pub_sent += 1
             return _SENT
         return self._queue(s, m)
@@ -242,7 +242,7 @@ class Routing:
             if m is None:
                 return
             pid = s.send(m)
-            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, False, pid))
+            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
             self.pub_sent += 1
 
     def _resume(self: "Broker", s: Session) -> None:
@@ -379,7 +379,8 @@ class Routing:
     # -- embedding API -----------------------------------------------------------------------
 
     def deliver(self: "Broker", client_id: str, topic: str, payload: bytes, qos: int = 1, tag: Hashable = None,
-                *, require_subscription: bool = True, covering: Iterable[str] | None = None) -> DeliverStatus:
+                *, require_subscription: bool = True, covering: Iterable[str] | None = None,
+                dup: bool = False) -> DeliverStatus:
         """Send one message to one connected client through its session (the fanout delivery path).
 
         QoS 1/2 messages get a packet id and count against the inflight window (queued when full);
@@ -398,6 +399,7 @@ class Routing:
             covering: filters the caller knows match ``topic`` (the fanout edge tracks the ones covering
                 the delivery filter); if one is still subscribed with a granted QoS >= ``qos``, the scan
                 of every filter (``topic_matches`` per filter, the costliest step of a delivery) is skipped.
+            dup: DUP=1 on the first PUBLISH (QoS >= 1): the caller knows it may be a redelivery.
 
         Returns:
             A :class:`DeliverStatus`.
@@ -429,7 +431,7 @@ class Routing:
             if tag is not None:
                 self._emit(Delivered(client_id, tag, 0))
             return _SENT
-        return self._send_msg(s, OutMsg(topic, payload, qos, False, tag))
+        return self._send_msg(s, OutMsg(topic, payload, qos, False, tag, dup))
 
     def publish_local(self: "Broker", topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
         """Publish to local subscribers only (a message forwarded from another node).

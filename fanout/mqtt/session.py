@@ -39,17 +39,21 @@ class OutMsg:
         retain: RETAIN flag to send (only set for retained messages replayed on subscribe).
         tag: opaque value from :meth:`Broker.deliver`, reported back when acknowledged; None otherwise.
         state: :data:`SENT` or :data:`RELEASED`.
+        dup: send the first PUBLISH with DUP=1 (the fanout layer knows it may be a redelivery of the
+            same application message on an earlier session; resends within a session always set it).
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state")
+    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state", "dup")
 
-    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False, tag: Hashable = None) -> None:
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False, tag: Hashable = None,
+                 dup: bool = False) -> None:
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
         self.tag = tag
         self.state = SENT
+        self.dup = dup
 
     def __repr__(self) -> str:
         return f"OutMsg({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, retain={self.retain}, tag={self.tag!r}, state={self.state})"

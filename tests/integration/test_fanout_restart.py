@@ -42,3 +42,21 @@ def test_killed_dispatcher_restarts_and_connected_vehicles_keep_receiving(fanout
     finally:
         for car in cars:
             car.close()
+
+
+def test_node_declared_down_after_a_stall_is_taken_back_and_its_vehicles_served(fanout):
+    """A node that missed a health check (declared down: the dispatchers forgot its connections) but
+    answers again is taken back: it resends its connections and pending rows reach its vehicles."""
+    car = Vehicle(fanout.port, "STALL1")
+    try:
+        handles = ray.get(fanout.controller.handles.remote())
+        node_id = next(iter(handles["nodes"]))
+        # what the controller does when check_health times out (a >10 s stall is too slow to stage here)
+        ray.get(fanout.controller.__ray_call__.remote(lambda self: self.down.add(node_id)))
+        ray.get([d.node_down.remote(node_id) for d in handles["dispatchers"]])
+        publish_batch(fanout.port, ["STALL1"], "stall-1")
+        msg = car.next_message(30)  # no heartbeat: the resync after the recheck dispatches it
+        assert msg.topic == "agent/STALL1/proxy/request/stall-1"
+        assert node_id not in ray.get(fanout.controller.__ray_call__.remote(lambda self: set(self.down)))
+    finally:
+        car.close()

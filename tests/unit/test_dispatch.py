@@ -170,7 +170,7 @@ def test_takeover_without_disconnect_clears_old_inflight(d: VinDispatcher, rows:
     d.drain_actions(now_ms=0)  # r1 delivered on connection 1, which a takeover on node B closes
     online(d, node="B", gen=2)  # clean session: r1 is gone with connection 1's session
     assert d.stats().inflight == 0
-    assert sends(d.on_heartbeat("V1", 2)) == [Send("V1", "B", 2, r1)]
+    assert sends(d.on_heartbeat("V1", 2)) == [Send("V1", "B", 2, r1, dup=True)]  # it went out once already
 
 
 def test_disconnect_of_unseen_newer_generation_fences_its_late_connect(d: VinDispatcher) -> None:
@@ -550,3 +550,24 @@ def test_subscription_older_than_nothing_pending_stays_a_late_subscribe(d: VinDi
     rows.add("V1", "r1")  # ts_ms 5: written before the subscription at 6,000 µs
     assert d.on_subscribe("V1", 1_000, True, at_us=6_000) == []
     assert [s.row.request_id for s in sends(d.on_heartbeat("V1", 1_000))] == ["r1"]
+
+
+def test_dup_only_when_the_row_may_have_reached_the_vehicle(rows: MemoryRows) -> None:
+    """DUP=1 for the resend of the row sent last (vehicle dropped before PUBACK), and for the first send to
+    a VIN of a row older than the dispatcher's start (restart or failover: it may have been in flight);
+    DUP=0 for rows this dispatcher never sent that came after its start."""
+    old = rows.add("V1", "old")  # ts 1: queued before the dispatcher started at ts 2
+    d = VinDispatcher(rows, started_ms=2)
+    online(d)
+    (first,) = sends(d.on_heartbeat("V1", 1))
+    assert (first.row, first.dup) == (old, True)
+    new = rows.add("V1", "new")  # ts 3
+    d.on_puback("V1", 1, old.key)
+    rows.delete("V1", old.key)
+    plan = d.drain_actions(now_ms=0)  # both leave: "old" (DUP) and, after its PUBACK, "new"
+    (second,) = [s for node_sends in plan.sends.values() for s in node_sends if s.row == new]
+    assert not second.dup
+    d.on_disconnect("V1", 1)  # dropped before acknowledging "new"
+    online(d, gen=2)
+    (again,) = sends(d.on_heartbeat("V1", 2))
+    assert (again.row, again.dup) == (new, True)

@@ -107,7 +107,7 @@ class Cluster:
         self.cfg = cfg
         self.now = 1_000_000
         self.stores = [ShardStore(tmp_path / f"shard-{k}", k, sync=False) for k in range(shards)]
-        self.cores = [ShardCore(s, k, shards) for k, s in enumerate(self.stores)]
+        self.cores = [ShardCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
         self.link = FakeLink(self.cores)
         clock = iter(range(10**15, 10**16, 1000))
         self.edge = FanoutEdge(cfg, node_id, self.link, clock_us=lambda: next(clock))
@@ -368,8 +368,8 @@ async def test_apply_deliveries_refuses_stale_generation_and_unsubscribed(cluste
     vehicle(cluster, "V2", subscribe=False)
     g1, g2 = cluster.edge.generation_of("V1"), cluster.edge.generation_of("V2")
     failures = cluster.edge.apply_deliveries(
-        [("V1", g1 - 1, b"k1", "r1", "d"), ("V2", g2, b"k2", "r1", "d"), ("V3", 1, b"k3", "r1", "d"),
-         ("V1", g1, b"k4", "r1", "d")],
+        [("V1", g1 - 1, b"k1", "r1", "d", False), ("V2", g2, b"k2", "r1", "d", False),
+         ("V3", 1, b"k3", "r1", "d", False), ("V1", g1, b"k4", "r1", "d", True)],
         {"d": b"blob"},
     )
     assert failures == [("V1", g1 - 1, b"k1", DeliverStatus.NOT_CONNECTED),
@@ -403,7 +403,7 @@ async def test_restarted_shard_sends_pending_rows_to_resynced_vehicles(cluster, 
     await cluster.pump()
     shard = shard_of("V1", 2)
     # the dispatcher of V1 restarts (fresh state, same store) before a batch for V1 arrives
-    cluster.cores[shard] = ShardCore(cluster.stores[shard], shard, 2)
+    cluster.cores[shard] = ShardCore(cluster.stores[shard], shard, 2, started_ms=0)
     cluster.link.cores = cluster.cores
     await publish_batch(cluster, ["V1"])
     assert car.publishes() == []  # the new dispatcher does not know V1 is connected
