@@ -314,10 +314,14 @@ class VinDispatcher:
         return []
 
     def on_node_down(self, node: NodeId) -> list[Action]:
-        """A connection node died: every VIN connected there is disconnected. O(vehicles)."""
+        """A connection node died (or stalled and was declared down): every VIN connected there is
+        disconnected. O(vehicles). The generations are forgotten too, so that if the node comes back
+        and resends its live connections (``EV_SYNC``, same generations) they are taken, not fenced
+        as duplicates; its late events for those generations count as stale until then."""
         for vs in self._vins.values():
             if vs.node == node:
                 self._go_offline(vs)
+                vs.generation = -1
         return []
 
     def on_deleted(self, deletes: Iterable[Delete]) -> None:
