@@ -186,6 +186,7 @@ class Fleet:
 
         self.vins = vins
         self.got: dict[str, list[tuple[str, bool]]] = {v: [] for v in vins}
+        self.first_seen: dict[tuple[str, str], float] = {}  # (vin, request_id) -> monotonic time of the first copy
         self._lock = threading.Lock()
         self.cars = []
         for v in vins:
@@ -197,8 +198,10 @@ class Fleet:
 
     def _recorder(self, car: Any, vin: str) -> Any:
         def on_message(client: Any, userdata: Any, msg: Any) -> None:
+            rid = msg.topic.rsplit("/", 1)[-1]
             with self._lock:
-                self.got[vin].append((msg.topic.rsplit("/", 1)[-1], bool(msg.dup)))
+                self.got[vin].append((rid, bool(msg.dup)))
+                self.first_seen.setdefault((vin, rid), time.monotonic())
             car.messages.put(msg)
 
         return on_message
