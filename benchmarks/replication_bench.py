@@ -119,20 +119,11 @@ def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 def _failover_once(tmp: Path) -> dict[str, Any]:
-    import ray
-
     from fanout.wire import shard_of
-    from tests.fault.harness import NODE_ARGS, Fleet, Publisher, handles, kill_node, port_of
+    from tests.fault.harness import Fleet, Publisher, handles, kill_node, port_of, three_node_ray
     from tests.integration.fanout_harness import running_cluster
 
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False})
-    try:
-        cluster.add_node(**NODE_ARGS)
-        cluster.add_node(**NODE_ARGS)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        cluster.wait_for_nodes()
+    with three_node_ray() as cluster:
         cfg = _cfg(tmp, replicas=1, failover_timeout=FAILOVER_TIMEOUT, heartbeat_interval="200ms")
         with running_cluster(cfg) as fanout:
             h = handles(fanout)
@@ -180,9 +171,6 @@ def _failover_once(tmp: Path) -> dict[str, Any]:
                 stop.set()
                 pub.close()
                 fleet.close()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def failover_phase(repeats: int) -> dict[str, Any]:
