@@ -29,34 +29,10 @@ from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.packets import Connect, Puback, Publish, Subscribe
-from fanout.shard_core import ShardCore
-from fanout.wire import join_vins, split_by_shard
+from fanout.shard_core import LocalShardLink, ShardCore
 from storage import ShardStore
 
 PREFIX = "agent/{VIN}/proxy/request"
-
-
-class _Link:
-    def __init__(self, cores: list[ShardCore]) -> None:
-        self.cores = cores
-        self.shards = len(cores)
-
-    async def put_blobs(self, shard: int, items: list[tuple]) -> list[None]:
-        core = self.cores[shard]
-        core.store.apply(core.blob_batch(items))
-        core.blobs_stored(items)
-        return [None] * len(items)
-
-    async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
-        return self.cores[shard].has_data(data_ids)
-
-    async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
-        core = self.cores[shard]
-        batch, results, vin_lists = core.ingest_batch(items)
-        if batch:
-            core.applied(core.store.apply(batch).counts)
-        core.ingested(vin_lists)
-        return results
 
 
 class _Peer:
@@ -75,7 +51,7 @@ class HotPath:
                                                 max_platform_packet_size="64MiB")
         self.stores = [ShardStore(root / f"shard-{k}", k, sync=sync) for k in range(shards)]
         self.cores = [ShardCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
-        self.edge = FanoutEdge(cfg, "n0", _Link(self.cores))
+        self.edge = FanoutEdge(cfg, "n0", LocalShardLink(self.cores))
         self.broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), self.edge, now_ms=1)
         self.edge.attach(self.broker)
         self.vins = [f"WVW{i:014d}" for i in range(vehicles)]

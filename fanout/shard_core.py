@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import structlog
 
@@ -458,4 +458,34 @@ class ShardCore:
         return self.store.get_meta(data_id)
 
 
-__all__ = ["ShardCore", "FanoutDispatch", "TickRows"]
+class LocalShardLink:
+    """The edge's shard link over in-process ShardCores: what the Dispatcher actor does for blobs and
+    ingest, minus Ray and replication (unit tests and the Ray-free benchmark drive the edge with it).
+
+    Args:
+        cores: one ShardCore per shard, index = shard.
+    """
+
+    def __init__(self, cores: list[ShardCore]) -> None:
+        self.cores = cores
+        self.shards = len(cores)
+
+    async def put_blobs(self, shard: int, items: list[tuple]) -> list[None]:
+        core = self.cores[shard]
+        core.store.apply(core.blob_batch(items))
+        core.blobs_stored(items)
+        return [None] * len(items)
+
+    async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
+        return self.cores[shard].has_data(data_ids)
+
+    async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
+        core = self.cores[shard]
+        batch, results, vin_lists = core.ingest_batch(items)
+        if batch:
+            core.applied(core.store.apply(batch).counts)
+        core.ingested(vin_lists)
+        return results
+
+
+__all__ = ["ShardCore", "FanoutDispatch", "LocalShardLink", "TickRows"]

@@ -18,7 +18,7 @@ from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.connection import CLOSED
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe, Unsubscribe
-from fanout.shard_core import ShardCore
+from fanout.shard_core import LocalShardLink, ShardCore
 from fanout.wire import (
     EV_CONNECT, EV_DISCONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, GenerationClock, join_vins, shard_of,
     split_by_shard, split_vins,
@@ -28,33 +28,24 @@ from storage import ShardStore
 PREFIX = "agent/{VIN}/proxy/request"
 
 
-class FakeLink:
-    """ShardLink over in-process ShardCores (what the Dispatcher actor does, minus Ray)."""
+class FakeLink(LocalShardLink):
+    """The in-process shard link, recording its calls."""
 
     def __init__(self, cores: list[ShardCore]) -> None:
-        self.cores = cores
-        self.shards = len(cores)
+        super().__init__(cores)
         self.calls: list[tuple[str, int]] = []
 
     async def put_blobs(self, shard, items):
         self.calls.append(("put_blobs", shard))
-        core = self.cores[shard]
-        core.store.apply(core.blob_batch(items))
-        core.blobs_stored(items)
-        return [None] * len(items)
+        return await super().put_blobs(shard, items)
 
     async def has_data(self, shard, data_ids):
         self.calls.append(("has_data", shard))
-        return self.cores[shard].has_data(data_ids)
+        return await super().has_data(shard, data_ids)
 
     async def ingest(self, shard, items):
         self.calls.append(("ingest", shard))
-        core = self.cores[shard]
-        batch, results, vin_lists = core.ingest_batch(items)
-        if batch:
-            core.applied(core.store.apply(batch).counts)
-        core.ingested(vin_lists)
-        return results
+        return await super().ingest(shard, items)
 
 
 class Client:
