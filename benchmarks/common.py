@@ -82,12 +82,10 @@ FD_MARGIN = 1_000  # descriptors a server or fleet process needs besides its con
 
 
 def processes_for(connections: int, at_least: int = 1) -> int:
-    """Processes needed to hold ``connections`` sockets, each under this machine's RLIMIT_NOFILE hard
-    limit (an unprivileged process cannot raise it; 20,000 here)."""
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard == resource.RLIM_INFINITY:
-        return at_least
-    return max(at_least, -(-connections // max(1, hard - FD_MARGIN)))
+    """Processes needed to hold ``connections`` sockets with the server's margin (:data:`FD_MARGIN`)."""
+    from scripts.fleet.options import processes_needed
+
+    return processes_needed(connections, margin=FD_MARGIN, at_least=at_least)
 
 
 def free_port() -> int:

@@ -137,12 +137,13 @@ def source_addresses(opts: FleetOptions, target: str, vehicles: int) -> list[str
     return [str(ipaddress.IPv4Address(first + k)) for k in range(max(1, -(-vehicles // opts.per_address)))]
 
 
-def processes_needed(vehicles: int) -> int:
-    """Fleet processes that keep each one's share of ``vehicles`` under the hard ``RLIMIT_NOFILE``."""
+def processes_needed(connections: int, margin: int = FD_MARGIN, at_least: int = 1) -> int:
+    """Processes that keep each one's share of ``connections`` sockets (plus ``margin`` other
+    descriptors) under the hard ``RLIMIT_NOFILE``, which an unprivileged process cannot raise."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY:
-        return 1
-    return max(1, -(-vehicles // max(1, hard - FD_MARGIN)))
+        return at_least
+    return max(at_least, -(-connections // max(1, hard - margin)))
 
 
 def raise_nofile(needed: int) -> tuple[int, int]:
