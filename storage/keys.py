@@ -21,6 +21,7 @@ violations raise ``ValueError`` naming the field. The shard of a VIN or client i
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 import zlib
 
@@ -32,6 +33,18 @@ MAX_NAME_BYTES = 480
 MAX_TS_MS = (1 << 64) - 1
 _TS = struct.Struct(">Q")
 _LONG_TOPIC_TAG = b"\x00"
+
+
+# The one VIN rule of the project (trigger validation, the vehicle role's client id, the dispatchers'
+# choice of which client ids are vehicles): a client-id-safe token. ``strict_vins`` in the trigger uses the
+# ISO 3779 form instead (17 characters, no I, O or Q).
+VIN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ISO_VIN_RE = re.compile(r"[A-HJ-NPR-Z0-9]{17}")
+
+
+def is_vin(client_id: str) -> bool:
+    """True when ``client_id`` has the form of a VIN (``VIN_RE``): the client ids the fanout serves."""
+    return VIN_RE.fullmatch(client_id) is not None
 
 
 def shard_of(key: str, shards: int) -> int:
