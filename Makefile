@@ -30,6 +30,15 @@ mosquitto:
 	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto) >/dev/null)
 
+# The compiled MQTT load generator of the benchmarks (benchmarks/cfleet/*.c, libc only) -> build/cfleet.
+.PHONY: cfleet
+CFLEET_CC ?= gcc
+CFLEET_CFLAGS ?= -O2 -std=gnu11 -Wall -Wextra
+cfleet: build/cfleet
+build/cfleet: $(wildcard benchmarks/cfleet/*.c benchmarks/cfleet/*.h)
+	@mkdir -p build
+	$(CFLEET_CC) $(CFLEET_CFLAGS) -o $@ $(filter %.c,$^) -lm
+
 run: install
 	$(BIN)/python scripts/demo.py
 
@@ -39,7 +48,7 @@ test: install java mosquitto
 test-unit: install
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
-bench: install java mosquitto
+bench: install java mosquitto cfleet
 	$(BIN)/python -m benchmarks.run
 
 bench-quick: install java mosquitto
