@@ -913,7 +913,7 @@ static void json_per(const char *key, double cpu_s, uint64_t count) {
 }
 
 static void json_cpu(const char *key, struct cpu c) {
-    printf("\"%s_s\": %.4f, \"%s_user_s\": %.4f, \"%s_sys_s\": %.4f, ", key, cpu_total(c), key, c.user, key, c.sys);
+    printf("\"%s_s\": %.6f, \"%s_user_s\": %.6f, \"%s_sys_s\": %.6f, ", key, cpu_total(c), key, c.user, key, c.sys);
 }
 
 static void json_str(const char *s) {
@@ -1091,7 +1091,7 @@ int run_fleet(const struct options *o0) {
     printf("\"wakeups\": %llu, \"events_per_wakeup\": %.2f, ", (unsigned long long)t.wakeups,
            t.wakeups ? (double)t.events / (double)t.wakeups : 0.0);
     struct cpu all = cpu_add(children, supervisor);
-    printf("\"cpu_s\": %.4f, \"cpu_user_s\": %.4f, \"cpu_sys_s\": %.4f, \"cpu_supervisor_s\": %.4f, ", cpu_total(all),
+    printf("\"cpu_s\": %.6f, \"cpu_user_s\": %.6f, \"cpu_sys_s\": %.6f, \"cpu_supervisor_s\": %.6f, ", cpu_total(all),
            all.user, all.sys, cpu_total(supervisor));
     json_cpu("cpu_connect", t.cpu_connect);
     json_cpu("cpu_run", t.cpu_run);

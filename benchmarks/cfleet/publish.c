@@ -227,7 +227,7 @@ int run_publish(const struct options *o) {
     else
         printf("\"seconds\": null, \"publishes_per_s\": null, ");
     json_hist("puback_latency_ms", &ack_us, 1);
-    printf("\"cpu_s\": %.4f, \"cpu_user_s\": %.4f, \"cpu_sys_s\": %.4f, ", cpu, used.user, used.sys);
+    printf("\"cpu_s\": %.6f, \"cpu_user_s\": %.6f, \"cpu_sys_s\": %.6f, ", cpu, used.user, used.sys);
     if (acked)
         printf("\"cpu_us_per_publish\": %.2f, ", cpu * 1e6 / (double)acked);
     else
