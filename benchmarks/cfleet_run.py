@@ -99,21 +99,34 @@ def _ports(port: int | Sequence[int]) -> str:
     return str(port) if isinstance(port, int) else ",".join(str(p) for p in port)
 
 
-def _common_args(host: str, port: int | Sequence[int], vehicles: int, prefix: str, digits: int, start: int,
-                 topic_prefix: str, time_cap_s: float, keepalive: int, username: str | None,
-                 password: str | None) -> list[str]:
-    argv = ["--host", host, "--port", _ports(port), "--vehicles", str(vehicles), "--prefix", prefix,
-            "--digits", str(digits), "--start", str(start), "--topic-prefix", topic_prefix,
-            "--time-cap", f"{time_cap_s:g}", "--keepalive", str(keepalive)]
-    if username is not None:
-        argv += ["--username", username]
-    if password is not None:
-        argv += ["--password", password]
-    return argv
+@dataclass(slots=True, kw_only=True)
+class _VehicleOptions:
+    """What ``cfleet fleet`` and ``cfleet publish`` share: the broker and the vehicles' VINs and topics."""
+
+    host: str = HOST
+    prefix: str = "WVW"
+    digits: int = 14
+    start: int = 1
+    keepalive: int = 60
+    time_cap_s: float = 120.0
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    username: str | None = None
+    password: str | None = None
+
+    def _argv(self, binary: Path, mode: str, port: int | Sequence[int], vehicles: int) -> list[str]:
+        argv = [str(binary), mode, "--host", self.host, "--port", _ports(port), "--vehicles", str(vehicles),
+                "--prefix", self.prefix, "--digits", str(self.digits), "--start", str(self.start),
+                "--topic-prefix", self.topic_prefix, "--time-cap", f"{self.time_cap_s:g}",
+                "--keepalive", str(self.keepalive)]
+        if self.username is not None:
+            argv += ["--username", self.username]
+        if self.password is not None:
+            argv += ["--password", self.password]
+        return argv
 
 
 @dataclass(slots=True)
-class FleetSpec:
+class FleetSpec(_VehicleOptions):
     """``cfleet fleet``: ``vehicles`` VINs ``<prefix><start..> zero-padded to digits`` on ``port``.
 
     ``requests``: unique deliveries expected per vehicle (the fleet stops ``settle_s`` after it has them
@@ -125,32 +138,21 @@ class FleetSpec:
 
     port: int | Sequence[int]
     vehicles: int
-    host: str = HOST
-    prefix: str = "WVW"
-    digits: int = 14
-    start: int = 1
     requests: int = 0
     connect_rate: float = 0.0
     concurrency: int = 100
     heartbeat_interval: float = 0.0
-    keepalive: int = 60
     settle_s: float = 0.0
     until_signal: bool = False
-    time_cap_s: float = 120.0
     connect_timeout_s: float = 30.0
     processes: int = 0
     progress_s: float = 0.5
     coalesce_us: int = 0
     no_online: bool = False
     persistent: bool = False
-    topic_prefix: str = DEFAULT_TOPIC_PREFIX
-    username: str | None = None
-    password: str | None = None
 
     def argv(self, binary: Path = BINARY) -> list[str]:
-        argv = [str(binary), "fleet", *_common_args(self.host, self.port, self.vehicles, self.prefix, self.digits,
-                                                   self.start, self.topic_prefix, self.time_cap_s, self.keepalive,
-                                                   self.username, self.password)]
+        argv = self._argv(binary, "fleet", self.port, self.vehicles)
         argv += ["--requests", str(self.requests), "--connect-rate", f"{self.connect_rate:g}",
                  "--concurrency", str(self.concurrency), "--heartbeat-interval", f"{self.heartbeat_interval:g}",
                  "--settle", f"{self.settle_s:g}", "--connect-timeout", f"{self.connect_timeout_s:g}",
@@ -167,31 +169,20 @@ class FleetSpec:
 
 
 @dataclass(slots=True)
-class PublishSpec:
+class PublishSpec(_VehicleOptions):
     """``cfleet publish``: ``requests`` rounds of one QoS 1 PUBLISH per vehicle on
     ``agent/<VIN>/proxy/request/<request_prefix>-<r:05d>``, at most ``window`` unacknowledged."""
 
     port: int
     vehicles: int
     requests: int
-    host: str = HOST
-    prefix: str = "WVW"
-    digits: int = 14
-    start: int = 1
     window: int = 128
     payload: int = 256
     request_prefix: str = "req"
     client_id: str = "cfleet-platform"
-    keepalive: int = 60
-    time_cap_s: float = 120.0
-    topic_prefix: str = DEFAULT_TOPIC_PREFIX
-    username: str | None = None
-    password: str | None = None
 
     def argv(self, binary: Path = BINARY) -> list[str]:
-        return [str(binary), "publish", *_common_args(self.host, self.port, self.vehicles, self.prefix, self.digits,
-                                                     self.start, self.topic_prefix, self.time_cap_s, self.keepalive,
-                                                     self.username, self.password),
+        return [*self._argv(binary, "publish", self.port, self.vehicles),
                 "--requests", str(self.requests), "--window", str(self.window), "--payload", str(self.payload),
                 "--request-prefix", self.request_prefix, "--client-id", self.client_id]
 

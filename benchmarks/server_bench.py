@@ -246,6 +246,15 @@ def _delivery_summary(out: dict[str, Any], res: dict[str, Any]) -> None:
     out.update(_fleet_figures(res))
 
 
+async def _finish(fleet: FleetProcess, out: dict[str, Any]) -> dict[str, Any]:
+    """Stop the fleet of a delivery phase and add what it measured to the phase's figures."""
+    fleet.stop()
+    res = await asyncio.to_thread(fleet.result, 60.0)
+    _delivery_summary(out, res)
+    out["load_after"] = _load()
+    return out
+
+
 async def fanout_phase(target: Any, s: Sizes, *, label: str, idle_per_s: float) -> dict[str, Any]:
     """N vehicles connected and subscribed, then R requests to all of them."""
     out: dict[str, Any] = {"vehicles": s.vehicles, "requests": s.requests, "load_before": _load()}
@@ -253,11 +262,7 @@ async def fanout_phase(target: Any, s: Sizes, *, label: str, idle_per_s: float) 
         out["fleet_ready_s"] = await asyncio.to_thread(fleet.wait_ready, s.connect_cap_s)
         await asyncio.sleep(1.0)  # the last subscriptions and online events reach the dispatch state
         out.update(await _deliveries(target, fleet, s, s.vehicles, FANOUT_START, s.requests, label, idle_per_s))
-        fleet.stop()
-        res = await asyncio.to_thread(fleet.result, 60.0)
-    _delivery_summary(out, res)
-    out["load_after"] = _load()
-    return out
+        return await _finish(fleet, out)
 
 
 async def heartbeat_phase(target: Any, s: Sizes, *, label: str, idle_per_s: float) -> dict[str, Any]:
@@ -281,11 +286,7 @@ async def heartbeat_phase(target: Any, s: Sizes, *, label: str, idle_per_s: floa
         if r0 is not None and r1 is not None:
             out["cpu_by_role_heartbeat_window_s"] = cpu_delta(r0, r1)
         out.update(await _deliveries(target, fleet, s, s.hb_vehicles, HB_START, s.hb_requests, label, idle_per_s))
-        fleet.stop()
-        res = await asyncio.to_thread(fleet.result, 60.0)
-    _delivery_summary(out, res)
-    out["load_after"] = _load()
-    return out
+        return await _finish(fleet, out)
 
 
 async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, Any]:

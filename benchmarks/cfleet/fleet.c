@@ -926,6 +926,15 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
+/* A vehicle process that ended, without waiting (its slot in pids cleared), or 0 / -1 as waitpid. */
+static pid_t reap(pid_t *pids, int K, int *wst) {
+    pid_t done = waitpid(-1, wst, WNOHANG);
+    for (int k = 0; done > 0 && k < K; k++)
+        if (pids[k] == done)
+            pids[k] = 0;
+    return done;
+}
+
 int run_fleet(const struct options *o0) {
     struct options o = *o0;
     long hard = hard_nofile();
@@ -996,12 +1005,9 @@ int run_fleet(const struct options *o0) {
                 next_progress = now + (int64_t)(o.progress * 1e9);
         }
         int wst;
-        pid_t done = waitpid(-1, &wst, WNOHANG);
+        pid_t done = reap(pids, K, &wst);
         if (done > 0) {
             alive--;
-            for (int k = 0; k < K; k++)
-                if (pids[k] == done)
-                    pids[k] = 0;
             status = "failed";
             fprintf(stderr, "cfleet: vehicle process %d ended early (status %d)\n", (int)done, wst);
         } else if (got_stop) {
@@ -1020,12 +1026,9 @@ int run_fleet(const struct options *o0) {
     int64_t deadline = mono_ns() + 30000000000LL;
     while (alive > 0) {
         int wst;
-        pid_t done = waitpid(-1, &wst, WNOHANG);
+        pid_t done = reap(pids, K, &wst);
         if (done > 0) {
             alive--;
-            for (int k = 0; k < K; k++)
-                if (pids[k] == done)
-                    pids[k] = 0;
             continue;
         }
         if (done < 0 && errno == ECHILD)

@@ -1,6 +1,6 @@
 """cfleet, the compiled load generator, against a real Mosquitto started here on a free loopback port.
 
-What is checked (small sizes, every wait bounded; the whole file takes a few seconds):
+What is checked (small sizes, every wait bounded; the whole file takes ~20 s):
 
 - every vehicle connects and subscribes, every PUBLISH ``cfleet publish`` sends is received once,
   PUBACKed once and acknowledged to the publisher; the JSON figures agree with each other;
@@ -10,22 +10,26 @@ What is checked (small sizes, every wait bounded; the whole file takes a few sec
   counted (``dup_flag``), and is not redelivered again afterwards;
 - packets larger than one read (partial reads) and the online / heartbeat publishes, counted by an
   independent subscriber;
-- ``--until-signal`` with SIGUSR1 snapshots and SIGTERM.
+- ``--until-signal`` with SIGUSR1 snapshots and SIGTERM;
+- ``benchmarks.server_bench`` in quick mode with Mosquitto alone (its plumbing; the cluster's side
+  starts Ray and is left to the benchmark runs).
 
 Skips only when gcc or Mosquitto is missing (``make mosquitto`` installs it).
 """
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Iterator
 
 import pytest
 
-from benchmarks import cfleet_run
+from benchmarks import cfleet_run, server_bench
 from benchmarks.cfleet_run import FleetProcess, FleetSpec, PublishSpec, run_fleet, run_publish
 from benchmarks.common import PeerBroker, mosquitto_binary
 from fanout.mqtt.codec import PacketReader, encode
@@ -228,6 +232,31 @@ def test_partial_reads_heartbeats_and_signals(mosquitto: PeerBroker) -> None:
     assert r["deliveries"] == r["unique"] == r["pubacks"] == 2 * vehicles and r["duplicates"] == 0
     assert r["protocol_errors"] == 0 and r["wrong_topic"] == 0
     _consistent(r)
+
+
+def test_server_bench_quick_with_mosquitto(binary: str, tmp_path: Any) -> None:
+    """The side-by-side benchmark's plumbing with Mosquitto alone (the cluster's side starts Ray: the
+    benchmark suite covers it): every phase measured by cfleet, JSON and PNG written."""
+    sizes = replace(server_bench.QUICK, vehicles=200, hb_vehicles=200, hb_rate=200.0, hb_window_s=1.0,
+                    storm_vehicles=300, idle_s=0.5)
+    result = server_bench.run(True, out_dir=tmp_path, systems=["mosquitto"], sizes=sizes)
+    assert result["errors"] == {}
+    data = json.loads((tmp_path / "server_bench_quick.json").read_text())
+    assert (tmp_path / "server_bench_quick.png").stat().st_size > 0
+    f = data["systems"]["mosquitto"]
+    for key in ("deliveries_per_s", "server_cpu_us_per_delivery", "connects_per_s", "server_cpu_us_per_connect",
+                "heartbeats_per_s", "server_cpu_us_per_heartbeat", "hb_storm_deliveries_per_s",
+                "fleet_cpu_us_per_delivery", "fleet_cpu_us_per_connect"):
+        assert isinstance(f[key], (int, float)) and f[key] > 0, key
+    assert f["deliveries_complete"] is True and f["fleet_duplicates"] == 0
+    assert f["storm_vehicles"] == 300 and f["storm_connect_errors"] == 0
+    ph = data["phases"]["mosquitto"]
+    assert ph["fanout"]["deliveries"] == 200 * sizes.requests
+    assert ph["heartbeat_storm"]["deliveries"] == 200 * sizes.hb_requests
+    assert ph["connection_storm"]["connects"] == 300
+    assert data["fleet"]["name"] == "cfleet" and data["fleet"]["cpu_us_per_delivery"]["mosquitto"] > 0
+    assert len(data["load_average"]["start"]) == 3 and len(data["load_average"]["end"]) == 3
+    assert all(len(ph[k]["load_before"]) == 3 for k in ("fanout", "heartbeat_storm", "connection_storm"))
 
 
 def test_bad_arguments_and_non_loopback_are_refused(binary: str) -> None:
