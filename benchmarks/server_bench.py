@@ -1,8 +1,9 @@
 """Server benchmark (issue 16): Mosquitto and this cluster side by side, measured with one compiled fleet.
 
 Every vehicle of every phase is ``cfleet`` (``benchmarks/cfleet``, C with epoll, ~10 us of its own CPU
-per delivery here), so the servers and not the load generator set the pace. The systems run one after
-the other on 127.0.0.1 in the same run:
+per delivery here), so the servers and not the load generator set the pace. Both servers run on
+127.0.0.1 for the whole run and each phase runs on one, then on the other (interleaved: a neighbour's
+load on this shared machine then falls on the compared figures alike):
 
 - ``mosquitto``: Debian's Mosquitto (``make mosquitto``) as :class:`~benchmarks.common.PeerBroker`
   starts it (in memory, 32 messages in flight per client), fed by ``cfleet publish``: one QoS 1
@@ -31,12 +32,13 @@ Results: ``benchmarks/results/server_bench[_quick].json`` and ``.png``; the load
 the start, around each phase and at the end; ``fleet`` says which generator measured what and its own
 CPU per delivery and per connect.
 
-Run alone: ``python -m benchmarks.server_bench [--quick] [--systems mosquitto fanout]``.
+Run alone: ``python -m benchmarks.server_bench [--quick] [--systems mosquitto fanout] [--phases ...]``.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import time
@@ -323,46 +325,74 @@ async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------------
-# one system
+# all systems
+
+
+PHASES: tuple[str, ...] = ("fanout", "heartbeat_storm", "connection_storm")
 
 
 def _server(system: str) -> Any:
     return EmbeddedCluster() if system == "fanout" else PeerBroker(system)
 
 
-def bench_system(system: str, s: Sizes, errors: dict[str, str]) -> dict[str, Any]:
-    """Every phase on one server of ``system`` (started and stopped here)."""
-    q = s.quiet_wait_s
+def _describe(target: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"version": target.version()}
+    if isinstance(target, EmbeddedCluster):
+        log(NAME, f"fanout cluster on port {target.port} (started in {target.startup_s:.1f} s)")
+        out.update({"startup_s": round(target.startup_s or 0, 2), "config": BENCH_CONFIG,
+                    "data_dir_fs": filesystem_of(target.data_dir), "dispatchers": len(target.pids("dispatcher")),
+                    "nodes": len(target.pids("node"))})
+    else:
+        out["config"] = f"persistence false, max_inflight_messages {INFLIGHT_WINDOW}, set_tcp_nodelay true"
+    return out
+
+
+def bench(systems: Sequence[str], s: Sizes, errors: dict[str, str],
+          phases: Sequence[str] = PHASES) -> dict[str, dict[str, Any]]:
+    """Start every system's server, run each phase on one system after the other, stop them.
+
+    Interleaved (phase 1 on every system, then phase 2, ...) rather than system after system: on this
+    shared machine a neighbour's load then falls on the compared figures alike.
+
+    Returns:
+        Per system: ``phases`` (figures per phase) and what describes its server.
+    """
     show = ("deliveries_per_s", "server_cpu_us_per_delivery", "fleet_cpu_us_per_delivery", "connects_per_s",
             "server_cpu_us_per_connect", "fleet_cpu_us_per_connect", "heartbeats_per_s", "server_cpu_us_per_heartbeat",
             "wait_status", "other_load_pct")
-    out: dict[str, Any] = {"phases": {}}
-    ph = out["phases"]
-    try:
-        with _server(system) as target:
-            out["version"] = target.version()
-            if isinstance(target, EmbeddedCluster):
-                log(NAME, f"fanout cluster on port {target.port} (started in {target.startup_s:.1f} s)")
-                out.update({"startup_s": round(target.startup_s or 0, 2), "config": BENCH_CONFIG,
-                            "data_dir_fs": filesystem_of(target.data_dir),
-                            "dispatchers": len(target.pids("dispatcher")), "nodes": len(target.pids("node"))})
-            else:
-                out["config"] = f"persistence false, max_inflight_messages {INFLIGHT_WINDOW}, set_tcp_nodelay true"
-            cpu = lambda: server_cpu(target)[0]  # noqa: E731
-            ph["idle"] = attempt(NAME, f"{system} idle", lambda: idle_phase(target, s.idle_s), errors,
-                                 show=("idle_cpu_per_s",))
-            idle = get(ph["idle"], "idle_cpu_per_s") or 0.0
-            runs = [attempt(NAME, f"{system} fanout #{i + 1}", lambda i=i: fanout_phase(
-                target, s, label=f"{system[:3]}-fan{i + 1}", idle_per_s=idle), errors, quiet_wait_s=q, show=show,
-                server_cpu=cpu) for i in range(s.fanout_repeats)]
-            ph["fanout"] = median_run(runs, "deliveries_per_s")
-            ph["heartbeat_storm"] = attempt(NAME, f"{system} heartbeat_storm", lambda: heartbeat_phase(
-                target, s, label=f"{system[:3]}-hb", idle_per_s=idle), errors, quiet_wait_s=q, show=show, server_cpu=cpu)
-            ph["connection_storm"] = attempt(NAME, f"{system} connection_storm", lambda: storm_phase(
-                target, s, idle_per_s=idle), errors, quiet_wait_s=q, show=show, server_cpu=cpu)
-    except Exception as exc:  # the server did not start (e.g. Mosquitto not installed)
-        errors[f"{system} server"] = f"{type(exc).__name__}: {exc}"
-        log(NAME, f"{system}: FAILED {errors[f'{system} server']}")
+    out: dict[str, dict[str, Any]] = {system: {"phases": {}} for system in systems}
+    with contextlib.ExitStack() as stack:
+        targets: dict[str, Any] = {}
+        for system in systems:
+            try:
+                targets[system] = stack.enter_context(_server(system))
+            except Exception as exc:  # the server did not start (e.g. Mosquitto not installed)
+                errors[f"{system} server"] = f"{type(exc).__name__}: {exc}"
+                log(NAME, f"{system}: FAILED {errors[f'{system} server']}")
+                continue
+            out[system].update(_describe(targets[system]))
+        idle: dict[str, float] = {}
+        for system, target in targets.items():
+            got = attempt(NAME, f"{system} idle", lambda t=target: idle_phase(t, s.idle_s), errors,
+                          show=("idle_cpu_per_s",))
+            out[system]["phases"]["idle"] = got
+            idle[system] = get(got, "idle_cpu_per_s") or 0.0
+        for phase in phases:
+            for system, target in targets.items():
+                kw: dict[str, Any] = {"quiet_wait_s": s.quiet_wait_s, "show": show,
+                                      "server_cpu": lambda t=target: server_cpu(t)[0]}
+                tag, i0 = system[:3], idle[system]
+                if phase == "fanout":
+                    runs = [attempt(NAME, f"{system} fanout #{i + 1}", lambda t=target, i=i: fanout_phase(
+                        t, s, label=f"{tag}-fan{i + 1}", idle_per_s=i0), errors, **kw) for i in range(s.fanout_repeats)]
+                    got = median_run(runs, "deliveries_per_s")
+                elif phase == "heartbeat_storm":
+                    got = attempt(NAME, f"{system} heartbeat_storm", lambda t=target: heartbeat_phase(
+                        t, s, label=f"{tag}-hb", idle_per_s=i0), errors, **kw)
+                else:
+                    got = attempt(NAME, f"{system} connection_storm", lambda t=target: storm_phase(
+                        t, s, idle_per_s=i0), errors, **kw)
+                out[system]["phases"][phase] = got
     return out
 
 
@@ -442,7 +472,7 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
 
 
 def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequence[str] = SYSTEMS,
-        sizes: Sizes | None = None) -> dict[str, Any]:
+        sizes: Sizes | None = None, phases: Sequence[str] = PHASES) -> dict[str, Any]:
     """Run every phase for each system; write ``<results>/server_bench[_quick].json`` and ``.png``.
 
     Args:
@@ -450,6 +480,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequ
         out_dir: results folder (default benchmarks/results or ``$FANOUT_BENCH_RESULTS``).
         systems: some of :data:`SYSTEMS`.
         sizes: override the sizes of the mode.
+        phases: some of :data:`PHASES` (the idle measurement always runs).
 
     Returns:
         The result object written to JSON.
@@ -467,18 +498,21 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequ
         "machine": machine_info(), "versions": {**versions(), "uncommitted": dirty_sources()},
         "load_average": {"start": _load()},
         "params": {**asdict(s), "storm_vehicles_used": storm_size(s.storm_vehicles), "nofile_soft": soft,
-                   "nofile_hard": hard, "systems": list(systems)},
+                   "nofile_hard": hard, "systems": list(systems), "phases": list(phases)},
         "targets": TARGETS,
         "fleet": {"name": "cfleet", "binary": str(binary.relative_to(cfleet_run.REPO)),
                   "sources": "benchmarks/cfleet/*.c, *.h (C, epoll, libc only)",
                   "sources_sha1": cfleet_run.sources_digest(),
-                  "measured": "every phase of every system: fanout, heartbeat_storm, connection_storm",
+                  "measured": f"every phase of every system: {', '.join(phases)}",
                   "platform": {"mosquitto": f"cfleet publish (one QoS 1 PUBLISH per vehicle and request, window "
                                             f"{NAIVE_WINDOW})",
                                "fanout": "fanout.client.FanoutClient (PlatformSender): blob + one trigger per request"}},
         "notes": [
-            "Systems run one after the other on 127.0.0.1 and share this machine's CPUs with the fleet, the platform "
-            "and whatever else runs here (load_average, machine_busy_pct_during and other_load_pct per phase).",
+            "Both servers run on 127.0.0.1 for the whole benchmark; each phase runs on one system, then on the other "
+            "(interleaved, so that a neighbour's load on this shared machine falls on the compared figures alike). "
+            "They share the CPUs with the fleet, the platform, each other's idle background (idle_cpu_per_s: the "
+            "cluster's Ray processes) and whatever else runs here (load_average, machine_busy_pct_during and "
+            "other_load_pct per phase).",
             "deliveries_per_s = unique deliveries / (last delivery - first send); a delivery is a PUBLISH the fleet "
             "received and PUBACKed. fleet_deliveries_per_s is the fleet's own first-to-last rate.",
             "server_cpu_us_per_delivery: server CPU over the send-to-last-delivery window minus the idle server's CPU "
@@ -503,12 +537,10 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequ
         "systems": {}, "phases": {},
     }
     log(NAME, f"mode={result['mode']} sizes={asdict(s)} cfleet={binary} load={result['load_average']['start']}")
-    for system in systems:
-        sc = bench_system(system, s, errors)
-        result["phases"][system] = sc.pop("phases")
-        result["systems"][system] = {**flatten({**sc, "phases": result["phases"][system]}),
-                                     **{k: v for k, v in sc.items() if k in ("startup_s", "dispatchers", "nodes",
-                                                                              "data_dir_fs", "config")}}
+    for system, sc in bench(systems, s, errors, phases).items():
+        result["phases"][system] = sc["phases"]
+        result["systems"][system] = {**flatten(sc), **{k: v for k, v in sc.items() if k in (
+            "startup_s", "dispatchers", "nodes", "data_dir_fs", "config")}}
     result["ratios"] = compute_ratios(result["systems"])
     result["targets_met"] = check_targets(result["systems"], result["ratios"])
     result["fleet"]["cpu_us_per_delivery"] = {k: v.get("fleet_cpu_us_per_delivery") for k, v in result["systems"].items()}
@@ -527,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.server_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small numbers (smoke test)")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument("--vehicles", type=int, default=None, help="fanout and heartbeat vehicles")
     parser.add_argument("--requests", type=int, default=None, help="fanout requests")
     parser.add_argument("--repeats", type=int, default=None, help="fanout runs per system (median reported)")
@@ -537,7 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     changes = {k: v for k, v in (("vehicles", args.vehicles), ("hb_vehicles", args.vehicles), ("requests", args.requests),
                                  ("fanout_repeats", args.repeats), ("storm_concurrency", args.storm_concurrency))
                if v is not None}
-    result = run(args.quick, out_dir=args.out_dir, systems=args.systems, sizes=replace(s, **changes) if changes else s)
+    result = run(args.quick, out_dir=args.out_dir, systems=args.systems, sizes=replace(s, **changes) if changes else s,
+                 phases=args.phases)
     for system, f in result["systems"].items():
         log(NAME, f"{system}: " + ", ".join(f"{k}={f.get(k)}" for k in FIGURES))
     for k, v in {**result["ratios"], **result["targets_met"]}.items():

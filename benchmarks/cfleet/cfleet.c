@@ -219,7 +219,7 @@ static void usage(FILE *f) {
           "  --connect-timeout S   CONNACK and SUBACK within S s, else retry (default 30)\n"
           "  --no-online           do not publish ecp/<VIN>/online after SUBACK\n"
           "  --progress S          progress line on stderr every S s, 0 = none (default 1)\n"
-          "  --per-address N       vehicles per 127.x.y.z source address (default 20000)\n"
+          "  --per-address N       vehicles per 127.2.x.y source address (default 5000)\n"
           "  --coalesce-us U       after a wakeup with few events sleep U us first (default 0)\n"
           "publish:\n"
           "  --window W            unacknowledged PUBLISHes at most (default 128)\n"
@@ -256,7 +256,7 @@ int main(int argc, char **argv) {
         .host = "127.0.0.1", .ports = {1883}, .nports = 1, .prefix = "WVW", .digits = 14, .start = 1,
         .vehicles = 10, .topic_prefix = "agent/{VIN}/proxy/request", .concurrency = 500, .keepalive = 60,
         .time_cap = 120, .connect_timeout = 30, .clean = 1, .window = 128, .payload = 256,
-        .request_prefix = "req", .client_id = "cfleet-platform", .progress = 1.0, .per_address = 20000,
+        .request_prefix = "req", .client_id = "cfleet-platform", .progress = 1.0, .per_address = 5000,
     };
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);

@@ -50,7 +50,7 @@ struct options {
     double progress;              /* fleet: seconds between progress lines on stderr, 0 = none */
     int coalesce_us;              /* fleet: after a wakeup with few events, sleep this long so that the
                                      next epoll_wait returns more of them (fewer context switches) */
-    long per_address;             /* fleet: vehicles per 127.x.y.z source address before the next one */
+    long per_address;             /* fleet: more vehicles than this bind to 127.2.x.y, this many per address */
 };
 
 /* ---------------------------------------------------------------- clocks */
