@@ -274,8 +274,20 @@ class FanoutClient(Pump):
                 return handle
             self._set_mode(COLD, "ring_full")
             handle.mode = COLD
-        assert self._writer is not None
+        # The commit and what follows it run as a task of their own: a caller cancelled while the
+        # commit is under way must not skip telling the pump (the item would sit in the outbox until
+        # some later submit woke it) nor drop _pending_writes early (the client could go HOT with the
+        # item still landing in the outbox).
         self._pending_writes += 1
+        commit = self._loop.create_task(self._commit_cold(sub, handle), name=f"fanout-client-commit-{sub.seq}")
+        self._background.add(commit)
+        commit.add_done_callback(self._background.discard)
+        await asyncio.shield(commit)  # a failed commit raises here; if the caller is gone, it was logged by the writer
+        return handle
+
+    async def _commit_cold(self, sub: Submission, handle: SubmitHandle) -> None:
+        """Commit one COLD submission to the outbox, then hand it to the pump (``_pending_writes`` already counts it)."""
+        assert self._writer is not None
         try:
             await self._writer.apply(WriteBatch(appends=[sub]))
         except BaseException:
@@ -287,7 +299,6 @@ class FanoutClient(Pump):
         handle._sub = None  # the outbox holds it now
         self._outbox_dirty = True
         self._wake.set()
-        return handle
 
     # ------------------------------------------------------------------ observability and maintenance
 
