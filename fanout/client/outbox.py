@@ -14,17 +14,23 @@ Strategy:
 - One client per outbox: an exclusive ``flock`` on ``client.lock`` (released by the kernel when the
   process dies, so ``kill -9`` never leaves a stale lock). Read-only tools (``fanout outbox status``)
   open without the lock; LMDB itself is safe across processes.
-- Not thread-safe: the client calls it from one I/O thread only.
+- Threads: writes come from one thread at a time (the client's writer thread); reads
+  (``load_ready``, ``dead_letters``) may run on another. Growing the map on ``MapFullError`` calls
+  ``set_mapsize``, which py-lmdb allows only while no transaction of this process is active, so every
+  transaction holds :class:`_MapGuard` shared and a grow holds it exclusive (a waiting grow keeps new
+  transactions out, so a stream of reads cannot starve it).
 """
 from __future__ import annotations
 
 import fcntl
 import os
 import struct
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Container, Iterable
+from typing import Callable, Container, Iterable, Iterator, TypeVar
 
 import lmdb
 import msgpack
@@ -35,6 +41,7 @@ from fanout.client.errors import OutboxLocked
 from fanout.client.submission import Submission
 
 log = structlog.get_logger(__name__)
+R = TypeVar("R")
 
 _SEQ = struct.Struct(">Q")
 _DAY_MS = 86_400_000
@@ -104,6 +111,48 @@ class OutboxStatus:
     next_retry_ms: int | None
 
 
+class _MapGuard:
+    """Shared by every LMDB transaction, exclusive for ``set_mapsize`` (and ``close``).
+
+    A thread must not open a transaction while it holds one (a grow waiting in between would deadlock
+    it); no method of :class:`Outbox` nests them.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._exclusive = True  # from here on no new transaction starts
+            while self._active:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
 class Outbox:
     """The durable outbox and dead-letter store of one client.
 
@@ -132,6 +181,7 @@ class Outbox:
         self.policy = policy or RetryPolicy()
         self.retain_ms = int(dead_letter_retain_days * _DAY_MS)
         self._lock_fd: int | None = self._take_lock() if exclusive else None
+        self._guard = _MapGuard()
         try:
             self._env = lmdb.open(str(self.path), subdir=True, map_size=map_size, max_dbs=4, sync=True,
                                   metasync=True, readahead=False, meminit=False)
@@ -142,7 +192,7 @@ class Outbox:
         self._retry_db = self._env.open_db(b"retry")
         self._dead = self._env.open_db(b"dead")
         self.retry: dict[int, tuple[int, int, str]] = {}
-        with self._env.begin() as txn:
+        with self._txn() as txn:
             for k, v in txn.cursor(db=self._retry_db):
                 attempts, next_ms, err = msgpack.unpackb(v, raw=False)
                 self.retry[_SEQ.unpack(k)[0]] = (attempts, next_ms, err)
@@ -174,10 +224,35 @@ class Outbox:
 
     def close(self) -> None:
         """Close the environment and release the lock (idempotent)."""
-        if self._env is not None:
-            self._env.close()
-            self._env = None  # type: ignore[assignment]
+        with self._guard.exclusive():
+            if self._env is not None:
+                self._env.close()
+                self._env = None  # type: ignore[assignment]
         self._release_lock()
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextmanager
+    def _txn(self, write: bool = False, db: lmdb._Database | None = None) -> Iterator[lmdb.Transaction]:
+        """An LMDB transaction holding the map guard shared (see the module docstring)."""
+        with self._guard.shared(), self._env.begin(write=write, db=db) as txn:
+            yield txn
+
+    def _write(self, body: Callable[[lmdb.Transaction], R]) -> R:
+        """Run ``body`` in one write transaction, growing the map and re-running it on ``MapFullError``
+        (the failed transaction was aborted, so ``body`` must keep its effects inside it)."""
+        while True:
+            try:
+                with self._txn(write=True) as txn:
+                    return body(txn)
+            except lmdb.MapFullError:
+                self._grow()
+
+    def _grow(self) -> None:
+        with self._guard.exclusive():  # py-lmdb: set_mapsize needs no active transaction in this process
+            size = self._env.info()["map_size"] * 2
+            self._env.set_mapsize(size)
+        log.info("outbox.map_grow", path=str(self.path), map_size=size)
 
     # ------------------------------------------------------------------ writes
 
@@ -199,12 +274,7 @@ class Outbox:
             lmdb.Error: the write failed (nothing was applied).
         """
         now = now_ms() if now is None else now
-        while True:
-            try:
-                result, retry_changes, d_depth, d_dead = self._apply_txn(batch, now)
-                break
-            except lmdb.MapFullError:
-                self._grow()
+        result, retry_changes, d_depth, d_dead = self._write(lambda txn: self._apply_txn(txn, batch, now))
         for seq, value in retry_changes.items():
             if value is None:
                 self.retry.pop(seq, None)
@@ -216,51 +286,46 @@ class Outbox:
             self.oldest_ts_ms = self._read_oldest_ts()
         return result
 
-    def _apply_txn(self, batch: WriteBatch, now: int) -> tuple[ApplyResult, dict[int, tuple[int, int, str] | None], int, int]:
+    def _apply_txn(self, txn: lmdb.Transaction, batch: WriteBatch,
+                   now: int) -> tuple[ApplyResult, dict[int, tuple[int, int, str] | None], int, int]:
         result = ApplyResult()
         retry_changes: dict[int, tuple[int, int, str] | None] = {}
         d_depth = d_dead = 0
-        with self._env.begin(write=True) as txn:
-            for sub in batch.appends:
-                key = _SEQ.pack(sub.seq)
-                if txn.replace(key, sub.pack(), db=self._items) is None:
-                    d_depth += 1
-                if sub.attempts:
-                    state = (sub.attempts, sub.next_retry_ms, sub.last_error)
-                    txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
-                    retry_changes[sub.seq] = state
-            for f in batch.failures:
-                key = _SEQ.pack(f.seq)
-                raw = txn.get(key, db=self._items)
-                if raw is None:
-                    continue
-                prev = retry_changes.get(f.seq) or self.retry.get(f.seq)
-                attempts, next_ms = self.policy.after_failure(prev[0] if prev else 0, now)
-                if f.final or next_ms is None:
-                    txn.delete(key, db=self._items)
-                    txn.delete(key, db=self._retry_db)
-                    txn.put(key, msgpack.packb([raw, attempts, f.error, now]), db=self._dead)
-                    retry_changes[f.seq] = None
-                    result.dead[f.seq] = (attempts, f.error)
-                    d_depth -= 1
-                    d_dead += 1
-                else:
-                    state = (attempts, next_ms, f.error)
-                    txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
-                    retry_changes[f.seq] = state
-                    result.retry[f.seq] = next_ms
-            for seq in batch.removes:
-                key = _SEQ.pack(seq)
-                if txn.delete(key, db=self._items):
-                    d_depth -= 1
-                if txn.delete(key, db=self._retry_db):
-                    retry_changes[seq] = None
+        for sub in batch.appends:
+            key = _SEQ.pack(sub.seq)
+            if txn.replace(key, sub.pack(), db=self._items) is None:
+                d_depth += 1
+            if sub.attempts:
+                state = (sub.attempts, sub.next_retry_ms, sub.last_error)
+                txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
+                retry_changes[sub.seq] = state
+        for f in batch.failures:
+            key = _SEQ.pack(f.seq)
+            raw = txn.get(key, db=self._items)
+            if raw is None:
+                continue
+            prev = retry_changes.get(f.seq) or self.retry.get(f.seq)
+            attempts, next_ms = self.policy.after_failure(prev[0] if prev else 0, now)
+            if f.final or next_ms is None:
+                txn.delete(key, db=self._items)
+                txn.delete(key, db=self._retry_db)
+                txn.put(key, msgpack.packb([raw, attempts, f.error, now]), db=self._dead)
+                retry_changes[f.seq] = None
+                result.dead[f.seq] = (attempts, f.error)
+                d_depth -= 1
+                d_dead += 1
+            else:
+                state = (attempts, next_ms, f.error)
+                txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
+                retry_changes[f.seq] = state
+                result.retry[f.seq] = next_ms
+        for seq in batch.removes:
+            key = _SEQ.pack(seq)
+            if txn.delete(key, db=self._items):
+                d_depth -= 1
+            if txn.delete(key, db=self._retry_db):
+                retry_changes[seq] = None
         return result, retry_changes, d_depth, d_dead
-
-    def _grow(self) -> None:
-        size = self._env.info()["map_size"] * 2
-        log.info("outbox.map_grow", path=str(self.path), map_size=size)
-        self._env.set_mapsize(size)
 
     # ------------------------------------------------------------------ reads
 
@@ -277,7 +342,7 @@ class Outbox:
         """
         out: list[Submission] = []
         retry = self.retry
-        with self._env.begin(db=self._items) as txn:
+        with self._txn(db=self._items) as txn:
             cur = txn.cursor()
             for key in cur.iternext(keys=True, values=False):
                 seq = _SEQ.unpack(key)[0]
@@ -299,7 +364,7 @@ class Outbox:
         return min((s[1] for s in list(self.retry.values())), default=None)  # list(): atomic snapshot vs the writer thread
 
     def _read_oldest_ts(self) -> int | None:
-        with self._env.begin(db=self._items) as txn:
+        with self._txn(db=self._items) as txn:
             cur = txn.cursor()
             if not cur.first():
                 return None
@@ -322,7 +387,7 @@ class Outbox:
             limit: most returned (None = all).
         """
         out: list[DeadLetter] = []
-        with self._env.begin(db=self._dead) as txn:
+        with self._txn(db=self._dead) as txn:
             for key, value in txn.cursor():
                 seq = _SEQ.unpack(key)[0]
                 raw, attempts, err, dead_at = msgpack.unpackb(value, raw=False)
@@ -345,8 +410,9 @@ class Outbox:
             The seqs moved back.
         """
         wanted = None if seqs is None else {int(s) for s in seqs}
-        moved: list[int] = []
-        with self._env.begin(write=True) as txn:
+
+        def move(txn: lmdb.Transaction) -> list[int]:
+            moved: list[int] = []
             for key, value in list(txn.cursor(db=self._dead)):
                 seq = _SEQ.unpack(key)[0]
                 if wanted is not None and seq not in wanted:
@@ -356,6 +422,9 @@ class Outbox:
                 txn.delete(key, db=self._dead)
                 txn.delete(key, db=self._retry_db)
                 moved.append(seq)
+            return moved
+
+        moved = self._write(move)
         for seq in moved:
             self.retry.pop(seq, None)
         self.depth += len(moved)
@@ -371,12 +440,16 @@ class Outbox:
             How many were deleted.
         """
         cutoff = (now_ms() if now is None else now) - self.retain_ms
-        pruned = 0
-        with self._env.begin(write=True, db=self._dead) as txn:
-            for key, value in list(txn.cursor()):
+
+        def prune(txn: lmdb.Transaction) -> int:
+            pruned = 0
+            for key, value in list(txn.cursor(db=self._dead)):
                 if msgpack.unpackb(value, raw=False)[3] < cutoff:
-                    txn.delete(key)
+                    txn.delete(key, db=self._dead)
                     pruned += 1
+            return pruned
+
+        pruned = self._write(prune)
         self.dead_count -= pruned
         if pruned:
             log.info("outbox.dead_letters_pruned", path=str(self.path), pruned=pruned)
