@@ -241,3 +241,22 @@ async def test_cold_submit_cancelled_after_the_commit_is_still_delivered(tmp_pat
         after = await client.submit(["A"], b"p", request_id="after")
         await asyncio.wait_for(after.acked(), 5)
     assert fake_net.triggers() == (["in-ring"] if handles else []) + ["cancelled", "after"]
+
+
+@pytest.mark.parametrize("durability", ["always", "hybrid"])
+@pytest.mark.parametrize("request_id", ["a/b", "a\tb", "r" * 129])
+async def test_request_id_the_cluster_rejects_is_refused_and_nothing_is_queued(
+        tmp_path: Path, fake_net: FakeNet, durability: str, request_id: str) -> None:
+    """Issue 12: such an id was accepted, then the cluster's error closed the connection under every
+    in-flight submission. Now ``submit`` raises naming it, and neither the ring nor the outbox holds it."""
+    from fanout.client import SubmissionInvalid
+
+    async with make(tmp_path, durability=durability) as client:
+        with pytest.raises(SubmissionInvalid) as info:
+            await client.submit(["A"], b"p", request_id=request_id)
+        assert info.value.field == "request_id"
+        st = client.status()
+        assert (st.submitted, st.ring_depth, st.in_flight, st.outbox_depth) == (0, 0, 0, 0)
+        ok = await client.submit(["A"], b"p", request_id="ok")
+        await asyncio.wait_for(ok.acked(), 5)
+    assert fake_net.triggers() == ["ok"] and fake_net.connections == 1
