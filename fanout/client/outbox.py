@@ -4,7 +4,7 @@ Strategy:
 
 - One LMDB environment per outbox directory, opened with ``sync=True``: every committed write
   transaction is fsynced before ``commit`` returns, so a COLD ``submit`` that returned survives a
-  process crash and a power loss. Writes arrive as one :class:`WriteBatch` (appends, failures,
+  process crash and a power loss. Writes arrive as one :class:`OutboxBatch` (appends, failures,
   removes) applied in one transaction; the client coalesces concurrent operations into one batch
   (group commit), so N concurrent COLD submits cost one fsync.
 - Tables: ``items`` (seq, 8-byte big endian -> msgpack record) so a cursor yields submission order;
@@ -63,14 +63,14 @@ class Failure:
 
 
 @dataclass(slots=True)
-class WriteBatch:
+class OutboxBatch:
     """Outbox mutations applied in one fsynced transaction, in this order: appends, failures, removes."""
 
     appends: list[Submission] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     removes: list[int] = field(default_factory=list)
 
-    def extend(self, other: "WriteBatch") -> None:
+    def extend(self, other: "OutboxBatch") -> None:
         self.appends.extend(other.appends)
         self.failures.extend(other.failures)
         self.removes.extend(other.removes)
@@ -256,7 +256,7 @@ class Outbox:
 
     # ------------------------------------------------------------------ writes
 
-    def apply(self, batch: WriteBatch, now: int | None = None) -> ApplyResult:
+    def apply(self, batch: OutboxBatch, now: int | None = None) -> ApplyResult:
         """Apply appends, failures and removes in one fsynced transaction.
 
         A failure of an item not in the outbox (already acked or removed) is ignored; a failure
@@ -286,7 +286,7 @@ class Outbox:
             self.oldest_ts_ms = self._read_oldest_ts()
         return result
 
-    def _apply_txn(self, txn: lmdb.Transaction, batch: WriteBatch,
+    def _apply_txn(self, txn: lmdb.Transaction, batch: OutboxBatch,
                    now: int) -> tuple[ApplyResult, dict[int, tuple[int, int, str] | None], int, int]:
         result = ApplyResult()
         retry_changes: dict[int, tuple[int, int, str] | None] = {}

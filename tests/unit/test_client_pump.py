@@ -104,7 +104,7 @@ class FakeConnection:
 def fake_net(monkeypatch: pytest.MonkeyPatch) -> FakeNet:
     global NET
     NET = FakeNet()
-    monkeypatch.setattr(pump_mod, "Connection", FakeConnection)
+    monkeypatch.setattr(pump_mod, "BrokerConnection", FakeConnection)
     return NET
 
 
