@@ -26,8 +26,9 @@ from fanout.client.errors import FanoutDeadLettered, FanoutRejected, describe_cl
 from fanout.client.handle import COLD
 from fanout.client.inflight import Inflight
 from fanout.client.outbox import ApplyResult, Failure, OutboxBatch, now_ms
-from fanout.client.submission import Submission, errors_topic, parse_cluster_error
+from fanout.client.submission import Submission, parse_cluster_error
 from fanout.client.transport import BrokerConnection, ConnectFailed, PublishFailed
+from fanout.trigger import errors_topic
 
 if TYPE_CHECKING:
     from fanout.client.handle import SubmitHandle

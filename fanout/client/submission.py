@@ -20,22 +20,15 @@ from typing import Any, Iterable, Iterator
 import msgpack
 
 from fanout.client.errors import SubmissionInvalid
-from fanout.trigger import DEFAULT_MAX_ID_LEN, TriggerError, check_id
+from fanout.trigger import DATA_TOPIC_PREFIX, DEFAULT_MAX_ID_LEN, TriggerError, check_id
 
-TOPIC_ROOT = "$SDV-FANOUT"
-TRIGGER_TOPIC = f"{TOPIC_ROOT}/trigger"
 _RECORD_VERSION = 1
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def data_topic(data_id: str) -> str:
     """Topic of a blob: ``$SDV-FANOUT/data/<data_id>``."""
-    return f"{TOPIC_ROOT}/data/{data_id}"
-
-
-def errors_topic(client_id: str) -> str:
-    """Topic on which the cluster reports this client's invalid input: ``$SDV-FANOUT/errors/<id>``."""
-    return f"{TOPIC_ROOT}/errors/{client_id}"
+    return DATA_TOPIC_PREFIX + data_id
 
 
 @dataclass(slots=True, eq=False)

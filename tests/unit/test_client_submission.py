@@ -11,12 +11,11 @@ from fanout.client.errors import FanoutRejected, SubmissionInvalid, describe_clu
 from fanout.client.submission import (
     Submission,
     default_data_id,
-    errors_topic,
     iter_trigger_payloads,
     make_submission,
     parse_cluster_error,
 )
-from fanout.trigger import TriggerError, parse_trigger
+from fanout.trigger import TriggerError, errors_topic, parse_trigger
 
 
 def test_defaults_data_id_is_sha1_and_str_payload_is_utf8() -> None:
