@@ -17,15 +17,15 @@ Strategy:
 - Threads: writes come from one thread at a time (the client's writer thread); reads
   (``load_ready``, ``dead_letters``) may run on another. Growing the map on ``MapFullError`` calls
   ``set_mapsize``, which py-lmdb allows only while no transaction of this process is active, so every
-  transaction holds :class:`_MapGuard` shared and a grow holds it exclusive (a waiting grow keeps new
-  transactions out, so a stream of reads cannot starve it).
+  transaction holds a ``storage.guard.ResizeGuard`` shared and a grow holds it exclusive (a waiting
+  grow keeps new transactions out, so a stream of reads cannot starve it). A thread never opens a
+  transaction while it holds one: a grow waiting in between would deadlock it.
 """
 from __future__ import annotations
 
 import fcntl
 import os
 import struct
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +39,7 @@ import structlog
 from fanout.client.backoff import RetryPolicy
 from fanout.client.errors import OutboxLocked
 from fanout.client.submission import Submission
+from storage.guard import ResizeGuard
 
 log = structlog.get_logger(__name__)
 R = TypeVar("R")
@@ -111,48 +112,6 @@ class OutboxStatus:
     next_retry_ms: int | None
 
 
-class _MapGuard:
-    """Shared by every LMDB transaction, exclusive for ``set_mapsize`` (and ``close``).
-
-    A thread must not open a transaction while it holds one (a grow waiting in between would deadlock
-    it); no method of :class:`Outbox` nests them.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._active = 0
-        self._exclusive = False
-
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                if not self._active:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._exclusive = True  # from here on no new transaction starts
-            while self._active:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
 class Outbox:
     """The durable outbox and dead-letter store of one client.
 
@@ -181,7 +140,7 @@ class Outbox:
         self.policy = policy or RetryPolicy()
         self.retain_ms = int(dead_letter_retain_days * _DAY_MS)
         self._lock_fd: int | None = self._take_lock() if exclusive else None
-        self._guard = _MapGuard()
+        self._guard = ResizeGuard()
         try:
             self._env = lmdb.open(str(self.path), subdir=True, map_size=map_size, max_dbs=4, sync=True,
                                   metasync=True, readahead=False, meminit=False)
