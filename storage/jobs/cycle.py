@@ -13,7 +13,7 @@ while Spark plans shard k+1. That pays off when Spark runs elsewhere (``gc.spark
 cluster); on the 2-core dev machine the local JVM and the Python stages compete for the same cores
 and the pipelined 10M-row cycle was slower (139.7 s against 127.4 s, see benchmarks/gc_bench.py),
 hence off by default. A shard's plan always comes from its finished export, and the apply only
-issues guarded ops (see ``storage.jobs.apply``), so writes that keep arriving during the cycle are
+issues guarded ops (see ``storage.jobs.plan_apply``), so writes that keep arriving during the cycle are
 safe. Per-stage busy times (with ``pipeline`` they overlap and add up to more than the wall time
 ``total``) and counts come back as a ``GcSummary`` and go to ``<work_dir>/last_gc.json``.
 """
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, runtime_chec
 import structlog
 
 from storage.batch import WriteBatch
-from storage.jobs.apply import DEFAULT_CHUNK_OPS, ApplyInfo, apply_batches, resume_chunk
+from storage.jobs.plan_apply import DEFAULT_CHUNK_OPS, ApplyInfo, apply_batches, resume_chunk
 from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS, export_shard
 from storage.jobs.plan import PlanInfo, compute_plan, read_plan
 from storage.shard import ShardStore

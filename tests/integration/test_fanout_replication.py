@@ -6,7 +6,7 @@ import pytest
 import ray
 
 from fanout.cli.status import replication_table
-from storage.replication import table_digests
+from storage.replication_protocol import table_digests
 
 from .fanout_harness import Vehicle, fanout_config, publish_batch, running_cluster, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 
 from fanout.config import load_config
 from storage import ShardStore, WriteBatch
-from storage.jobs import apply as A
+from storage.jobs import plan_apply as A
 from storage.jobs import plan as P
 from storage.jobs.cycle import run_gc_cycle
 from storage.jobs.export import export_shard
