@@ -153,27 +153,37 @@ def _iso(ms: int) -> str:
 def _export(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from storage.errors import StoreError
-    from storage.jobs.cycle import open_shards
-    from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS, export_shards
+    from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS
 
     cfg = load_job_config(args)
     console = Console()
-    try:
-        stores = open_shards(cfg.storage.data_dir, sync=bool(cfg.storage.sync))
-    except (FileNotFoundError, StoreError) as exc:
-        print(f"fanout: export: {exc}", file=sys.stderr)
+    infos = _export_data_dir(cfg, args.out, "export", row_group_rows=args.row_group_rows or DEFAULT_ROW_GROUP_ROWS,
+                             progress=lambda i: console.print(
+                                 f"shard {i.shard}: seq {i.applied_seq}, {i.rows} in {i.duration_s:.2f}s"))
+    if infos is None:
         return 1
-    try:
-        infos = export_shards(stores, args.out, row_group_rows=args.row_group_rows or DEFAULT_ROW_GROUP_ROWS,
-                              progress=lambda i: console.print(
-                                  f"shard {i.shard}: seq {i.applied_seq}, {i.rows} in {i.duration_s:.2f}s"))
-    finally:
-        for store in stores.values():
-            store.close()
     total = sum(i.total_rows for i in infos.values())
     console.print(f"exported {total:,} rows from {len(infos)} shard(s) to {Path(args.out)}")
     return 0
+
+
+def _export_data_dir(cfg: Any, out_dir: str, command: str, **export_options: Any) -> dict[int, Any] | None:
+    """Export every shard of ``storage.data_dir`` to ``out_dir`` (``export_shards``); None after a message
+    naming ``command`` when the stores cannot be opened."""
+    from storage.errors import StoreError
+    from storage.jobs.cycle import open_shards
+    from storage.jobs.export import export_shards
+
+    try:
+        stores = open_shards(cfg.storage.data_dir, sync=bool(cfg.storage.sync))
+    except (FileNotFoundError, StoreError) as exc:
+        print(f"fanout: {command}: {exc}", file=sys.stderr)
+        return None
+    try:
+        return export_shards(stores, out_dir, **export_options)
+    finally:
+        for store in stores.values():
+            store.close()
 
 
 # -- report ------------------------------------------------------------------------------------------------
@@ -182,9 +192,7 @@ def _export(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from storage.errors import StoreError
-    from storage.jobs.cycle import default_work_dir, open_shards
-    from storage.jobs.export import export_shards
+    from storage.jobs.cycle import default_work_dir
     from storage.jobs.report import compute_report
     from storage.jobs.spark import get_spark
 
@@ -193,16 +201,8 @@ def _report(args: argparse.Namespace) -> int:
     export_dir = args.export
     if export_dir is None:
         export_dir = str(default_work_dir(cfg, cfg.storage.data_dir) / "report-snapshot")
-        try:
-            stores = open_shards(cfg.storage.data_dir, sync=bool(cfg.storage.sync))
-        except (FileNotFoundError, StoreError) as exc:
-            print(f"fanout: report: {exc}", file=sys.stderr)
+        if _export_data_dir(cfg, export_dir, "report") is None:
             return 1
-        try:
-            export_shards(stores, export_dir)
-        finally:
-            for store in stores.values():
-                store.close()
     now_ms = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
     with console.status("Spark: computing the delivery report...", spinner="dots"):
         try:
