@@ -44,6 +44,7 @@ from fanout.wire import pack_batch, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
+from .names import NAMESPACE
 from .primary_link import PrimaryLink
 
 log = structlog.get_logger(__name__)
@@ -123,8 +124,6 @@ class Dispatcher:
 
     async def _recover(self) -> None:
         """After a restart: get the node handles from the controller, ask every node to resync this shard."""
-        from actors.controller import NAMESPACE
-
         if not self._controller:
             log.warning("restarted dispatcher has no controller to recover from", shard=self.shard)
             return

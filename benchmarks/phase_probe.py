@@ -34,7 +34,7 @@ KEYS = ("deliveries_per_s", "steady_deliveries_per_s", "first_delivery_p50_ms", 
 
 
 def _status(c: EmbeddedCluster) -> Any:
-    out = subprocess.run([sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())", "status", "--data-dir", str(c.data_dir)],
+    out = subprocess.run([sys.executable, "-m", "cluster.cli", "status", "--data-dir", str(c.data_dir)],
                          capture_output=True, text=True, timeout=120)
     try:
         st = json.loads(out.stdout)

@@ -300,7 +300,7 @@ def paho_client() -> Iterator[Callable[..., PahoClient]]:
 @contextlib.contextmanager
 def cli_broker(*args: str, timeout: float = 20.0, env: dict | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     """Run ``fanout broker --host 127.0.0.1 --port 0 *args``; yield (process, url) once ready; always terminate."""
-    cmd = [sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-m", "cluster.cli",
            "broker", "--host", HOST, "--port", "0", *args]
     # stderr (the logs) goes to a file, not a pipe: nobody drains a pipe after the ready line, and a
     # broker logging more than a pipe buffer (~64 KB) would block on write and hang the test.

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from fanout.cli import main
+from cluster.cli import main
 from fanout.config import ConfigError, load_config
 from fanout.mqtt.auth import AccessControl, Principal, filter_covers, hash_password, is_loopback_host, verify_password
 from fanout.mqtt.topics import topic_matches
@@ -337,7 +337,7 @@ def test_filter_covers_is_exact_on_a_small_universe():
 
 @pytest.fixture
 def cli(monkeypatch):
-    """fanout.cli.main without fanout.log.configure: that binds this test's captured sys.stderr into the
+    """cluster.cli.main without fanout.log.configure: that binds this test's captured sys.stderr into the
     process-wide structlog config, and later tests would log into a closed file."""
     monkeypatch.setattr("fanout.log.configure", lambda **kwargs: None)
     return main

@@ -1,4 +1,4 @@
-"""The primary's replication pipeline (storage.replicator) with in-process replicas: acks, ack set, catch-up
+"""The primary's replication pipeline (storage.replica_shipper) with in-process replicas: acks, ack set, catch-up
 from the log and by snapshot, fencing, min_acks. No Ray: transports call a ReplicaApplier directly."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from storage import FencedError, ShardStore
-from storage.replication import Rejected, ReplicaApplier, ReplicationLog, ShardPrimary, table_digests
-from storage.replicator import ReplicationUnavailable, Replicator
+from storage.replication_protocol import Rejected, ReplicaApplier, ReplicationLog, ShardPrimary, table_digests
+from storage.replica_shipper import ReplicationUnavailable, Replicator
 
-from .test_storage_replication import open_store, sample_batch
+from .test_storage_replication_protocol import open_store, sample_batch
 
 
 class FakeReplica:

@@ -32,27 +32,16 @@ def register(sub: Any) -> None:
     q.set_defaults(func=_inspect)
 
 
-def _controller(args: argparse.Namespace) -> Any:
+def _call(args: argparse.Namespace, method: str, *call_args: Any, render: Any = None) -> int:
     from fanout.config import load_config
 
-    from cluster.runtime import connect, find_address
+    from cluster.runtime import call_controller
 
     cfg = load_config(args.config, overrides={"storage": {"data_dir": args.data_dir}})
-    return connect(find_address(cfg.storage.data_dir, args.address))
-
-
-def _call(args: argparse.Namespace, method: str, *call_args: Any, render: Any = None) -> int:
-    import ray
-
     try:
-        controller = _controller(args)
-        result = ray.get(getattr(controller, method).remote(*call_args), timeout=60)
+        result = call_controller(cfg.storage.data_dir, args.address, method, *call_args, timeout_s=60)
     except RuntimeError as exc:
         print(f"fanout: {exc}", file=sys.stderr)
-        return 1
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if exc.cause is not None else exc
-        print(f"fanout: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
         return 1
     print(render(result) if render is not None else json.dumps(result, indent=2, default=str))
     return 0

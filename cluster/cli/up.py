@@ -6,7 +6,10 @@ closes the stores, kills the actors and shuts Ray down (exit 0). A port that can
 node with the ``fanout_node`` resource, exits 1 with a message; a bad config exits 2 before Ray starts.
 
 The Ray address is written to ``<data_dir>/ray_address``; ``fanout status`` and ``fanout inspect`` with
-the same ``--data-dir``/config find the cluster through it.
+the same ``--data-dir``/config find the cluster through it. The process holds the data dir lock
+(:mod:`storage.data_dir_lock`) for its whole life: offline ``fanout gc`` refuses that directory meanwhile,
+and ``fanout up`` refuses (exit 1, before Ray starts) a directory that offline GC or another ``fanout up``
+holds.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -43,6 +47,20 @@ def _run(args: argparse.Namespace) -> int:
     # Listener policy errors (e.g. non-loopback without users) are config errors: exit 2 before Ray starts.
     AccessControl(cfg, listener_is_loopback=is_loopback_host(cfg.mqtt.host))
 
+    from storage.data_dir_lock import DataDirBusy, DataDirLock
+
+    data_dir = Path(cfg.storage.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = DataDirLock(data_dir, "fanout up").acquire()
+    except DataDirBusy as exc:
+        print(f"fanout: {exc}; retry when it has finished", file=sys.stderr)
+        return 1
+    with lock:
+        return _serve(cfg)
+
+
+def _serve(cfg: Any) -> int:
     import ray
 
     from cluster.runtime import init_ray, start_fanout

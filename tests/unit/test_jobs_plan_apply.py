@@ -1,4 +1,4 @@
-"""Applying a GC plan (``storage.jobs.apply``) to real LMDB stores; plans are written by hand, no Spark."""
+"""Applying a GC plan (``storage.jobs.plan_apply``) to real LMDB stores; plans are written by hand, no Spark."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage import ShardStore, WriteBatch, tables
-from storage.jobs import apply as A
+from storage.jobs import plan_apply as A
 from storage.jobs import plan as P
 
 T0 = 1_700_000_000_000

@@ -5,7 +5,7 @@ import msgpack
 import pytest
 
 from storage import BatchFormatError, FencedError, ShardStore, StoreError, WriteBatch, tables
-from storage.replication import Ack, Need, ReplicaApplier, Rejected, ReplicationLog, ShardPrimary
+from storage.replication_protocol import Ack, Need, ReplicaApplier, Rejected, ReplicationLog, ShardPrimary
 
 T0 = 1_700_000_000_000
 

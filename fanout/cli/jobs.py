@@ -1,15 +1,15 @@
-"""``fanout gc``, ``fanout export`` and ``fanout report``: the Spark maintenance jobs from the shell.
+"""``fanout export``, ``fanout report`` and offline ``fanout gc``: the Spark maintenance jobs from the shell.
 
-- ``fanout gc [--now] [--dry-run] [--data-dir D]``: one GC cycle (export, Spark plan, guarded apply)
-  with a progress display and a summary of what was deleted. By default it runs offline: it opens
-  the ``shard-<k>`` stores of the data dir itself, so the cluster must be stopped (a running
-  dispatcher is the shard's only writer). ``--live`` (or ``--address``) asks the running cluster's
-  Controller instead, which ships the plan to each shard's primary so GC replicates like any write.
 - ``fanout export --out DIR``: Parquet export of every shard (with ``_watermark.json`` per shard).
 - ``fanout report [--request ID]``: per-request delivery report (queued, delivered, pending,
   expired, delivery-time percentiles) from a fresh export, or from ``--export DIR``.
+- :func:`run_offline_gc`: one GC cycle (export, Spark plan, guarded apply) on the ``shard-<k>`` stores of
+  a data dir opened in this process, with a progress display and a summary of what was deleted. The
+  ``gc`` command itself is registered by :mod:`cluster.cli.gc`, which also offers ``--live`` (through the
+  running cluster). Offline GC holds the data dir lock (:mod:`storage.data_dir_lock`) while it runs, so it
+  refuses a data dir that ``fanout up`` is serving.
 
-Heavy imports (pyarrow, PySpark, Ray) happen inside the commands.
+Heavy imports (pyarrow, PySpark) happen inside the commands.
 """
 from __future__ import annotations
 
@@ -22,25 +22,14 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    g = sub.add_parser("gc", help="run a GC cycle now: export, Spark plan, guarded apply")
-    _common(g)
-    g.add_argument("--now", action="store_true", help="run at once (offline GC always does)")
-    g.add_argument("--dry-run", action="store_true", help="export and plan only; delete nothing")
-    g.add_argument("--live", action="store_true", help="run through the running cluster's Controller")
-    g.add_argument("--address", default=None, help="Ray address of the running cluster (implies --live)")
-    g.add_argument("--now-ms", type=int, default=None, help="the cycle's 'now' in ms (default: the clock)")
-    g.add_argument("--work-dir", default=None, help="snapshot and plan directory (default gc.export_dir)")
-    g.add_argument("--json", action="store_true", help="print the summary as JSON")
-    g.set_defaults(func=_gc)
-
     e = sub.add_parser("export", help="export every shard to Parquet with its seq watermark")
-    _common(e)
+    add_data_dir_arguments(e)
     e.add_argument("--out", required=True, help="export directory")
     e.add_argument("--row-group-rows", type=int, default=None, help="rows per Parquet row group")
     e.set_defaults(func=_export)
 
     r = sub.add_parser("report", help="delivery report per request_id (Spark over an export)")
-    _common(r)
+    add_data_dir_arguments(r)
     r.add_argument("--request", default=None, metavar="ID", help="only this request_id")
     r.add_argument("--export", default=None, metavar="DIR", help="use this export instead of exporting now")
     r.add_argument("--out", default=None, help="also write the report as Parquet under OUT/report")
@@ -49,12 +38,14 @@ def register(sub: Any) -> None:
     r.set_defaults(func=_report)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def add_data_dir_arguments(p: argparse.ArgumentParser) -> None:
+    """``--config`` and ``--data-dir`` (read by :func:`load_job_config`)."""
     p.add_argument("--config", default=None, help="TOML config file")
     p.add_argument("--data-dir", default=None, help="root of the LMDB shards (default storage.data_dir)")
 
 
-def _config(args: argparse.Namespace) -> Any:
+def load_job_config(args: argparse.Namespace) -> Any:
+    """The config of ``--config`` with ``--data-dir`` as ``storage.data_dir``."""
     from fanout.config import load_config
 
     return load_config(args.config, overrides={"storage": {"data_dir": args.data_dir}})
@@ -63,20 +54,25 @@ def _config(args: argparse.Namespace) -> Any:
 # -- gc ----------------------------------------------------------------------------------------------------
 
 
-def _gc(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def run_offline_gc(args: argparse.Namespace, cfg: Any, console: Any) -> int:
+    """One GC cycle on the data dir's stores (``--now-ms``, ``--dry-run``, ``--work-dir``, ``--json``).
 
-    cfg = _config(args)
-    console = Console()
-    if args.live or args.address:
-        return _gc_live(args, cfg, console)
+    Returns:
+        0, or 1 with a message when there are no stores or ``fanout up`` holds the data dir.
+    """
+    from storage.data_dir_lock import DataDirBusy
     from storage.errors import StoreError
     from storage.jobs.cycle import run_gc_cycle
 
+    data_dir = cfg.storage.data_dir
     try:
         with _Progress(console, enabled=not args.json) as progress:
-            summary = run_gc_cycle(cfg.storage.data_dir, config=cfg, now_ms=args.now_ms, progress=progress.update,
+            summary = run_gc_cycle(data_dir, config=cfg, now_ms=args.now_ms, progress=progress.update,
                                    dry_run=args.dry_run, work_dir=args.work_dir)
+    except DataDirBusy as exc:
+        print(f"fanout: gc: {exc}. Offline GC writes the stores itself and needs the cluster stopped; "
+              f"to collect while it runs: fanout gc --live --data-dir {data_dir}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, StoreError) as exc:
         print(f"fanout: gc: {exc}", file=sys.stderr)
         return 1
@@ -85,29 +81,6 @@ def _gc(args: argparse.Namespace) -> int:
     else:
         print_summary(console, summary.as_dict())
     return 0
-
-
-def _gc_live(args: argparse.Namespace, cfg: Any, console: Any) -> int:
-    import ray
-
-    from cluster.runtime import connect, find_address
-
-    try:
-        controller = connect(find_address(cfg.storage.data_dir, args.address))
-        with console.status("GC cycle running on the cluster (export, Spark plan, apply)...", spinner="dots"):
-            result = ray.get(controller.run_gc.remote(now=True))
-    except RuntimeError as exc:
-        print(f"fanout: gc: {exc}", file=sys.stderr)
-        return 1
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if exc.cause is not None else exc
-        print(f"fanout: gc: {str(cause).strip().splitlines()[-1]}", file=sys.stderr)
-        return 1
-    if args.json or "stage_s" not in result:
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))
-    else:
-        print_summary(console, result)
-    return 0 if "stage_s" in result else 1
 
 
 class _Progress:
@@ -180,27 +153,37 @@ def _iso(ms: int) -> str:
 def _export(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from storage.errors import StoreError
-    from storage.jobs.cycle import open_shards
-    from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS, export_shards
+    from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS
 
-    cfg = _config(args)
+    cfg = load_job_config(args)
     console = Console()
-    try:
-        stores = open_shards(cfg.storage.data_dir, sync=bool(cfg.storage.sync))
-    except (FileNotFoundError, StoreError) as exc:
-        print(f"fanout: export: {exc}", file=sys.stderr)
+    infos = _export_data_dir(cfg, args.out, "export", row_group_rows=args.row_group_rows or DEFAULT_ROW_GROUP_ROWS,
+                             progress=lambda i: console.print(
+                                 f"shard {i.shard}: seq {i.applied_seq}, {i.rows} in {i.duration_s:.2f}s"))
+    if infos is None:
         return 1
-    try:
-        infos = export_shards(stores, args.out, row_group_rows=args.row_group_rows or DEFAULT_ROW_GROUP_ROWS,
-                              progress=lambda i: console.print(
-                                  f"shard {i.shard}: seq {i.applied_seq}, {i.rows} in {i.duration_s:.2f}s"))
-    finally:
-        for store in stores.values():
-            store.close()
     total = sum(i.total_rows for i in infos.values())
     console.print(f"exported {total:,} rows from {len(infos)} shard(s) to {Path(args.out)}")
     return 0
+
+
+def _export_data_dir(cfg: Any, out_dir: str, command: str, **export_options: Any) -> dict[int, Any] | None:
+    """Export every shard of ``storage.data_dir`` to ``out_dir`` (``export_shards``); None after a message
+    naming ``command`` when the stores cannot be opened."""
+    from storage.errors import StoreError
+    from storage.jobs.cycle import open_shards
+    from storage.jobs.export import export_shards
+
+    try:
+        stores = open_shards(cfg.storage.data_dir, sync=bool(cfg.storage.sync))
+    except (FileNotFoundError, StoreError) as exc:
+        print(f"fanout: {command}: {exc}", file=sys.stderr)
+        return None
+    try:
+        return export_shards(stores, out_dir, **export_options)
+    finally:
+        for store in stores.values():
+            store.close()
 
 
 # -- report ------------------------------------------------------------------------------------------------
@@ -209,27 +192,17 @@ def _export(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from storage.errors import StoreError
-    from storage.jobs.cycle import default_work_dir, open_shards
-    from storage.jobs.export import export_shards
+    from storage.jobs.cycle import default_work_dir
     from storage.jobs.report import compute_report
     from storage.jobs.spark import get_spark
 
-    cfg = _config(args)
+    cfg = load_job_config(args)
     console = Console()
     export_dir = args.export
     if export_dir is None:
         export_dir = str(default_work_dir(cfg, cfg.storage.data_dir) / "report-snapshot")
-        try:
-            stores = open_shards(cfg.storage.data_dir, sync=bool(cfg.storage.sync))
-        except (FileNotFoundError, StoreError) as exc:
-            print(f"fanout: report: {exc}", file=sys.stderr)
+        if _export_data_dir(cfg, export_dir, "report") is None:
             return 1
-        try:
-            export_shards(stores, export_dir)
-        finally:
-            for store in stores.values():
-                store.close()
     now_ms = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
     with console.status("Spark: computing the delivery report...", spinner="dots"):
         try:

@@ -12,7 +12,7 @@ fakes through :class:`ReplicaTransport`):
   happens only for a store error such as a full disk: a malformed batch fails on the replica too).
 - A pump keeps ONE call in flight to its replica and each call carries every log entry the replica lacks
   (``apply_many``): batches that queue up while a call runs go out together in the next one. Replies follow
-  the replica rules of :mod:`storage.replication`: ``Ack(n)`` advances the replica, ``Need(s)`` rewinds the
+  the replica rules of :mod:`storage.replication_protocol`: ``Ack(n)`` advances the replica, ``Need(s)`` rewinds the
   pump to ``s`` (from the log, or by a snapshot when the log was trimmed past it), ``Rejected`` means this
   primary was deposed (every waiting write fails with ``FencedError``).
 - The acknowledgement set is the replicas that are *in sync*. Seq n is acknowledged (its waiters resolve)
@@ -39,7 +39,7 @@ import structlog
 
 from storage.batch import ENQUEUE
 from storage.errors import FencedError, StoreError
-from storage.replication import Ack, LogEntry, Need, ReplicaReply, Rejected, ShardPrimary, Shipment
+from storage.replication_protocol import Ack, LogEntry, Need, ReplicaReply, Rejected, ShardPrimary, Shipment
 from storage.snapshot import SnapshotInfo
 
 log = structlog.get_logger(__name__)
