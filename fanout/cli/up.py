@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout.config import load_config
+    from fanout.config import load_config, mqtt_settings
     from fanout.mqtt.auth import AccessControl, is_loopback_host
 
     cfg = load_config(args.config, overrides={
@@ -41,7 +41,7 @@ def _run(args: argparse.Namespace) -> int:
         "cluster": {"address": args.address},
     })
     # Listener policy errors (e.g. non-loopback without users) are config errors: exit 2 before Ray starts.
-    AccessControl(cfg, listener_is_loopback=is_loopback_host(cfg.mqtt.host))
+    AccessControl(mqtt_settings(cfg), listener_is_loopback=is_loopback_host(cfg.mqtt.host))
 
     import ray
 
