@@ -138,9 +138,10 @@ class ConnectionNode:
         self._route_task: asyncio.Task | None = None
 
     async def _start(self) -> None:
+        from fanout.config import mqtt_settings
         from fanout.mqtt.aio import MQTTServer
 
-        server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
+        server = MQTTServer(mqtt_settings(self.config), host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
         self._restore_retained(server.broker.retained)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fanout import log as fanout_log
-from fanout.config import load_config
+from fanout.config import load_config, mqtt_settings
 from fanout.edge import FanoutEdge
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
@@ -52,7 +52,7 @@ class HotPath:
         self.stores = [ShardStore(root / f"shard-{k}", k, sync=sync) for k in range(shards)]
         self.cores = [ShardCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
         self.edge = FanoutEdge(cfg, "n0", LocalShardLink(self.cores))
-        self.broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), self.edge, now_ms=1)
+        self.broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), self.edge, now_ms=1)
         self.edge.attach(self.broker)
         self.vins = [f"WVW{i:014d}" for i in range(vehicles)]
         self.conns: dict[str, Any] = {}

@@ -34,7 +34,8 @@ import structlog
 
 from fanout.dispatch import DEFAULT_TOPIC_PREFIX, VIN_PLACEHOLDER
 from fanout.ingest import IngestRounds, ShardLink
-from fanout.mqtt.auth import VIN_RE, filter_covers
+from fanout.mqtt.auth import filter_covers
+from storage.keys import VIN_RE
 from fanout.mqtt.hooks import (
     BrokerHooks, ClientConnected, ClientDisconnected, Delivered, DeliveryDropped, DeliverStatus, Heartbeat,
     IngestTicket, LocalPublish, Subscribed, Unsubscribed,

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import structlog
 
 from fanout.dispatch import Delete, InFlight, VinDispatcher
-from fanout.mqtt.auth import VIN_RE
+from storage.keys import VIN_RE
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.wire import (
     EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, VIN_SEPARATOR, split_vins,

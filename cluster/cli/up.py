@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout.config import load_config
+    from fanout.config import load_config, mqtt_settings
     from fanout.mqtt.auth import AccessControl, is_loopback_host
 
     cfg = load_config(args.config, overrides={
@@ -45,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
         "cluster": {"address": args.address},
     })
     # Listener policy errors (e.g. non-loopback without users) are config errors: exit 2 before Ray starts.
-    AccessControl(cfg, listener_is_loopback=is_loopback_host(cfg.mqtt.host))
+    AccessControl(mqtt_settings(cfg), listener_is_loopback=is_loopback_host(cfg.mqtt.host))
 
     from storage.data_dir_lock import DataDirBusy, DataDirLock
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from fanout.config import load_config
+from fanout.config import load_config, mqtt_settings
 from fanout.edge import FanoutEdge
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
@@ -102,7 +102,7 @@ class Cluster:
         self.link = FakeLink(self.cores)
         clock = iter(range(10**15, 10**16, 1000))
         self.edge = FanoutEdge(cfg, node_id, self.link, clock_us=lambda: next(clock))
-        self.broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), self.edge, now_ms=self.now)
+        self.broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), self.edge, now_ms=self.now)
         self.edge.attach(self.broker)
         self.node_id = node_id
 

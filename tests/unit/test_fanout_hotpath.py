@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fanout.config import load_config
+from fanout.config import load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
 from fanout.mqtt.codec import encode
@@ -85,7 +85,7 @@ def test_pack_batch_roundtrip_and_passthrough():
 
 def test_deliver_covering_hint_falls_back_to_the_full_match():
     cfg = load_config(None, env={})
-    broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), None, now_ms=1)
+    broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), None, now_ms=1)
     conn = broker.connection_made(1, ("127.0.0.1", 1))
     broker.data_received(conn, encode(Connect("V1", True, 60, None, None, None))
                          + encode(Subscribe(1, (("agent/V1/proxy/request/+", 0), ("agent/V1/proxy/request/r1", 1)))), 1)

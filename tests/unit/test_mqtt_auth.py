@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cluster.cli import main
-from fanout.config import ConfigError, load_config
+from fanout.config import ConfigError, load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl, Principal, filter_covers, hash_password, is_loopback_host, verify_password
 from fanout.mqtt.topics import topic_matches
 
@@ -23,10 +23,11 @@ OTHER = "WVWZZZ1JZXW000002"
 
 
 def make_cfg(tmp_path, text: str = "", **mqtt):
+    """The MQTT settings of a config file with ``text``, ``[mqtt]`` keys overridden by ``mqtt``."""
     path = tmp_path / "fanout.toml"
     path.write_text(text, encoding="utf-8")
     cfg = load_config(path, env={})
-    return cfg.replace("mqtt", **mqtt) if mqtt else cfg
+    return mqtt_settings(cfg.replace("mqtt", **mqtt) if mqtt else cfg)
 
 
 def users_toml(**users: tuple[str, str]) -> str:
