@@ -315,7 +315,7 @@ class Controller:
         Raises:
             ValueError: unknown kind or an invalid id.
         """
-        from fanout.wire import shard_of
+        from storage.keys import shard_of
 
         if not self.dispatchers:
             raise RuntimeError("the fanout cluster is not started")

@@ -119,7 +119,7 @@ def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 def _failover_once(tmp: Path) -> dict[str, Any]:
-    from fanout.wire import shard_of
+    from storage.keys import shard_of
     from tests.fault.harness import Fleet, Publisher, handles, kill_node, port_of, three_node_ray
     from tests.integration.fanout_harness import running_cluster
 

@@ -1,9 +1,10 @@
-"""FanoutEdge: the Ray-free logic of one connection node, plugged into the broker core as its hooks.
+"""NodeCore: the Ray-free fanout logic of one connection node, plugged into the broker core as its hooks.
 
 Strategy: the broker core (:mod:`fanout.mqtt`) stays a plain MQTT broker; this class turns its event
 batches into what the dispatchers need, and executes what they send back. Nothing here calls Ray: the
-ConnectionNode actor moves the queued batches (:meth:`take_events`, :meth:`RouteTable.take_forwards`) and
-supplies a :class:`fanout.ingest.ShardLink`; unit tests drive the same object with the in-memory broker.
+ConnectionNode actor moves the queued batches (:meth:`take_events` when :meth:`events_wait` says they are
+due, :meth:`PeerRoutes.take_forwards`) and supplies a :class:`fanout.node.ingest_rounds.ShardLink`; unit
+tests drive the same object with the in-memory broker.
 
 - Events -> per-dispatcher queues, keyed ``crc32(client_id) % shards`` (the dispatcher that owns the
   VIN also owns the client id's takeover registry). Only what dispatch needs is reported: connect (with
@@ -12,17 +13,17 @@ supplies a :class:`fanout.ingest.ShardLink`; unit tests drive the same object wi
   (``ecp/<VIN>/online|heartbeat`` from the client whose id is that VIN), PUBACKs of fanout messages
   (their tag is the ``ids`` row key) and drops. Everything else (publishes, pings, other subscriptions)
   never leaves the node.
-- Generations: the broker numbers connections per node; :class:`fanout.wire.GenerationClock` maps each
+- Generations: the broker numbers connections per node; :class:`fanout.generations.GenerationClock` maps each
   accepted connection to a cluster-wide increasing number, kept in ``_live`` with the shard, so later
   events of the connection (which carry only the local number, or none) are translated by a dict lookup.
 - Deliveries (:meth:`apply_deliveries`): one ``Broker.deliver`` per send, QoS 1, tag = row key,
   ``require_subscription`` on; a send for a connection that is not the live one (another generation) is
   refused as NOT_CONNECTED without touching the broker. Only failures are returned.
-- Ingest tickets queue up and run in rounds (:mod:`fanout.ingest`); the outcome of each ticket is applied
+- Ingest tickets queue up and run in rounds (:mod:`fanout.node.ingest_rounds`); the outcome of each ticket is applied
   in order: ``complete_publish`` (PUBACK after the durable write) or ``reject_publish`` (JSON error on
   ``$SDV-FANOUT/errors/<client_id>``, forwarded to the other nodes too, then close).
 - Local publishes (and wills) are queued for the peers whose announced filters match; retained ones are
-  mirrored to every peer (:mod:`fanout.routes`).
+  mirrored to every peer (:mod:`fanout.node.peer_routes`).
 """
 from __future__ import annotations
 
@@ -32,19 +33,22 @@ from typing import Any, Callable, Iterable, Sequence
 
 import structlog
 
-from fanout.dispatch import DEFAULT_TOPIC_PREFIX, VIN_PLACEHOLDER
-from fanout.ingest import IngestRounds, ShardLink
+from fanout.generations import GenerationClock
 from fanout.mqtt.auth import filter_covers
-from storage.keys import VIN_RE
 from fanout.mqtt.hooks import (
     BrokerHooks, ClientConnected, ClientDisconnected, Delivered, DeliveryDropped, DeliverStatus, Heartbeat,
     IngestTicket, LocalPublish, Subscribed, Unsubscribed,
 )
-from fanout.routes import RouteTable, delivery_route_generalizer
-from fanout.trigger import ERRORS_TOPIC_PREFIX
-from fanout.wire import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, GenerationClock, shard_of,
+from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
+from fanout.node.event_batching import EventBatching
+from fanout.node.ingest_rounds import IngestRounds, ShardLink
+from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
+from fanout.records import (
+    EV_HEARTBEAT, AckEvent, ConnectEvent, DeliveryFailure, DisconnectEvent, FailedEvent, HeartbeatEvent,
+    SubscribedEvent, SyncEvent,
 )
+from fanout.trigger import ERRORS_TOPIC_PREFIX
+from storage.keys import VIN_RE, shard_of
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +57,7 @@ _FAILED_MIN = DeliverStatus.NOT_CONNECTED  # NOT_CONNECTED, NOT_SUBSCRIBED, DROP
 _HEARTBEAT_SUFFIXES = ("/online", "/heartbeat")
 
 
-class FanoutEdge(BrokerHooks):
+class NodeCore(BrokerHooks):
     """Hooks of one node's broker; see the module docstring.
 
     Args:
@@ -74,15 +78,12 @@ class FanoutEdge(BrokerHooks):
         self.broker: Any = None
         self.shards = int(link.shards)
         self._prefix: str = config.fanout.topic_prefix if config is not None else DEFAULT_TOPIC_PREFIX
-        # Delivery topic = head + VIN + tail + request_id (the prefix's {VIN} replaced), built per send.
-        head, sep, rest = self._prefix.partition(VIN_PLACEHOLDER)
-        self._topic_head, self._topic_tail = head, rest + "/"
-        self._topic_simple = bool(sep) and VIN_PLACEHOLDER not in rest  # else: str.replace per send
+        self.topics = DeliveryTopics(self._prefix)
         self._gens = GenerationClock(clock_us)
         self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
-        self.routes = RouteTable(node_id, generalize=delivery_route_generalizer(self._prefix))
+        self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix))
         self._wake = on_pending or (lambda: None)
         # client id -> (local generation, global generation, shard, is_vin)
         self._live: dict[str, tuple[int, int, int, bool]] = {}
@@ -91,6 +92,7 @@ class FanoutEdge(BrokerHooks):
         self._pending_shards: set[int] = set()
         # A queued event other than a PUBACK or heartbeat (those are the bulk, and wait for a fuller batch).
         self.urgent_events = False
+        self.batching = EventBatching()
         self._tickets: list[IngestTicket] = []
         self.delivered = 0
         self.deliver_failures = 0
@@ -106,6 +108,7 @@ class FanoutEdge(BrokerHooks):
         live = self._live
         out = self._out
         pending = self._pending_shards
+        ack = AckEvent.build
         woke = False
         for e in events:
             t = type(e)
@@ -113,7 +116,7 @@ class FanoutEdge(BrokerHooks):
                 entry = live.get(e.client_id)
                 if entry is not None and type(e.tag) is bytes:
                     sh = entry[2]
-                    out[sh].append((EV_ACK, e.client_id, entry[1], e.tag))
+                    out[sh].append(ack(e.client_id, entry[1], e.tag))
                     pending.add(sh)
                     self.delivered += 1
             elif t is Heartbeat:
@@ -135,7 +138,7 @@ class FanoutEdge(BrokerHooks):
             elif t is DeliveryDropped:
                 entry = live.get(e.client_id)
                 if entry is not None and type(e.tag) is bytes:
-                    self._emit(entry[2], (EV_FAILED, e.client_id, entry[1], e.tag))
+                    self._emit(entry[2], FailedEvent.build(e.client_id, entry[1], e.tag))
         if woke or pending:
             self._wake()
 
@@ -145,11 +148,8 @@ class FanoutEdge(BrokerHooks):
         if event[0] != EV_HEARTBEAT:
             self.urgent_events = True  # presence changes (connect, subscribe, drop) ship at the next tick
 
-    def _delivery_filter(self, client_id: str) -> str:
-        return f"{self._prefix.replace(VIN_PLACEHOLDER, client_id)}/+"
-
     def _covering(self, client_id: str, filters: Any) -> set[str]:
-        target = self._delivery_filter(client_id)
+        target = self.topics.filter(client_id)
         return {f for f in filters if filter_covers(f, target)}
 
     def _connected(self, e: ClientConnected) -> None:
@@ -168,7 +168,7 @@ class FanoutEdge(BrokerHooks):
                 self._cover[cid] = cover
                 subscribed = True
             key = next((tag for tag in (*e.resent_tags, *e.queued_tags) if type(tag) is bytes), None)
-        self._emit(shard, (EV_CONNECT, cid, gen, e.session_present, subscribed, key))
+        self._emit(shard, ConnectEvent.build(cid, gen, e.session_present, subscribed, key))
 
     def _disconnected(self, e: ClientDisconnected) -> None:
         cid = e.client_id
@@ -179,7 +179,7 @@ class FanoutEdge(BrokerHooks):
         self._cover.pop(cid, None)
         if not e.session_kept:
             self.routes.mark_dirty()
-        self._emit(entry[2], (EV_DISCONNECT, cid, entry[1]))
+        self._emit(entry[2], DisconnectEvent.build(cid, entry[1]))
 
     def _subscribed(self, e: Subscribed) -> None:
         self.routes.mark_dirty()
@@ -194,7 +194,7 @@ class FanoutEdge(BrokerHooks):
             have.update(new)
             return
         self._cover[e.client_id] = new
-        self._emit(entry[2], (EV_SUBSCRIBED, e.client_id, entry[1], True, self._wall_us()))
+        self._emit(entry[2], SubscribedEvent.build(e.client_id, entry[1], True, self._wall_us()))
 
     def _unsubscribed(self, e: Unsubscribed) -> None:
         self.routes.mark_dirty()
@@ -205,7 +205,7 @@ class FanoutEdge(BrokerHooks):
         have.difference_update(e.filters)
         if not have:
             del self._cover[e.client_id]
-            self._emit(entry[2], (EV_SUBSCRIBED, e.client_id, entry[1], False))
+            self._emit(entry[2], SubscribedEvent.build(e.client_id, entry[1], False, None))
 
     def _heartbeat(self, e: Heartbeat) -> None:
         cid = e.client_id
@@ -215,7 +215,7 @@ class FanoutEdge(BrokerHooks):
             return
         entry = self._live.get(cid)
         if entry is not None and entry[0] == e.generation and entry[3]:
-            self._emit(entry[2], (EV_HEARTBEAT, cid, entry[1]))
+            self._emit(entry[2], HeartbeatEvent.build(cid, entry[1]))
 
     # -- queues the actor ships -------------------------------------------------------------------------
 
@@ -228,8 +228,29 @@ class FanoutEdge(BrokerHooks):
         out = self._out
         return sum(len(out[s]) for s in self._pending_shards)
 
-    def take_events(self, busy: set[int] | frozenset[int] = frozenset()) -> dict[int, list[tuple]]:
-        """Take the queued events of every shard not in ``busy`` (a busy shard keeps accumulating)."""
+    def events_wait(self, now_s: float) -> float | None:
+        """When the queued events are due (:mod:`fanout.node.event_batching`).
+
+        Args:
+            now_s: current time (the actor's loop clock).
+
+        Returns:
+            None when no event waits, 0.0 when they are due (:meth:`take_events` now), else the seconds
+            until they are.
+        """
+        if not self._pending_shards:
+            return None
+        return self.batching.wait(now_s, self.urgent_events, self.pending_events)
+
+    def take_events(self, busy: set[int] | frozenset[int] = frozenset(),
+                    now_s: float | None = None) -> dict[int, list[tuple]]:
+        """Take the queued events of every shard not in ``busy`` (a busy shard keeps accumulating).
+
+        Args:
+            busy: shards whose previous batch is still being applied.
+            now_s: current time, when the caller follows :meth:`events_wait` (events left behind for a
+                busy shard then count as waiting since now).
+        """
         taken: dict[int, list[tuple]] = {}
         for shard in list(self._pending_shards):
             if shard in busy:
@@ -239,6 +260,7 @@ class FanoutEdge(BrokerHooks):
             self._pending_shards.discard(shard)
         if not self._pending_shards:
             self.urgent_events = False
+        self.batching.shipped(now_s, bool(self._pending_shards))
         return taken
 
     def sync_events(self, shard: int) -> list[tuple]:
@@ -256,7 +278,7 @@ class FanoutEdge(BrokerHooks):
             if s is not None:
                 inflight, queued = s.tags()
                 key = next((t for t in (*inflight, *queued) if type(t) is bytes), None)
-            sync.append((EV_SYNC, cid, gen, subscribed, key))
+            sync.append(SyncEvent.build(cid, gen, subscribed, key))
         self._out[shard][:0] = sync
         if self._out[shard]:
             self._pending_shards.add(shard)
@@ -269,41 +291,55 @@ class FanoutEdge(BrokerHooks):
         """Execute one dispatcher batch.
 
         Args:
-            sends: ``(vin, generation, row_key, request_id, data_id, dup)`` tuples (``dup``: DUP=1, the
-                row may have been sent before, see :mod:`fanout.dispatch`).
+            sends: :class:`fanout.records.Delivery` tuples.
             payloads: ``{data_id: blob}`` for the sends.
-            kicks: ``(client_id, generation)`` connections to close (taken over on another node).
+            kicks: :class:`fanout.records.Kick` tuples: connections to close (taken over on another node).
 
         Returns:
-            ``(vin, generation, row_key, status)`` for every send that was not handed to the session
+            A :class:`fanout.records.DeliveryFailure` for every send that was not handed to the session
             (NOT_CONNECTED, NOT_SUBSCRIBED, DROPPED).
         """
+        failure = DeliveryFailure.build
+        if self.broker is None:  # not started: nothing is connected here yet
+            return [failure(vin, gen, key, _NOT_CONNECTED) for vin, gen, key, _rid, _did, _dup in sends]
         if kicks:
             self.kick(kicks)
         deliver = self.broker.deliver
         live = self._live
         cover = self._cover
-        head, tail, simple, prefix = self._topic_head, self._topic_tail, self._topic_simple, self._prefix
+        topics = self.topics
+        head, tail, simple = topics.head, topics.tail, topics.simple
         failures: list[tuple] = []
         for vin, gen, key, request_id, data_id, dup in sends:
             entry = live.get(vin)
             if entry is None or entry[1] != gen:
-                failures.append((vin, gen, key, _NOT_CONNECTED))
+                failures.append(failure(vin, gen, key, _NOT_CONNECTED))
                 continue
             # The covering filters let the broker skip matching the topic against every filter.
-            topic = (f"{head}{vin}{tail}{request_id}" if simple
-                     else f"{prefix.replace(VIN_PLACEHOLDER, vin)}/{request_id}")
+            topic = f"{head}{vin}{tail}{request_id}" if simple else topics.topic(vin, request_id)
             status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin), dup=dup)
             if status >= _FAILED_MIN:
-                failures.append((vin, gen, key, int(status)))
+                failures.append(failure(vin, gen, key, int(status)))
         self.deliver_failures += len(failures)
         return failures
+
+    def apply_forwards(self, messages: Iterable[tuple]) -> int:
+        """Publishes forwarded by a peer (:class:`fanout.records.Forward` tuples), delivered to this node's
+        subscribers only (never forwarded again).
+
+        Returns:
+            How many local deliveries they made.
+        """
+        if self.broker is None:
+            return 0
+        publish = self.broker.publish_local
+        return sum(publish(topic, payload, qos, retain) for topic, payload, qos, retain in messages)
 
     def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
         """Close connections taken over on another node.
 
         Args:
-            kicks: ``(client_id, generation)`` pairs; a generation that is not the live one is ignored
+            kicks: :class:`fanout.records.Kick` tuples; a generation that is not the live one is ignored
                 (that connection is already gone), ``None`` kicks whatever is live.
 
         Returns:
@@ -372,4 +408,4 @@ class FanoutEdge(BrokerHooks):
         }
 
 
-__all__ = ["FanoutEdge"]
+__all__ = ["NodeCore"]

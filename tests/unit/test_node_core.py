@@ -1,8 +1,9 @@
-"""FanoutEdge + ShardCore without Ray or sockets: the in-memory broker, real LMDB shards, a fake link.
+"""NodeCore + DispatcherCore without Ray or sockets: the in-memory broker, real LMDB shards, the local link.
 
-``Cluster`` below plays the two actors: it moves the edge's event batches into ``ShardCore.apply_events``,
-the dispatcher's per-node batches into ``FanoutEdge.apply_deliveries``, and applies write batches on
-the stores, until nothing moves. Every test reads as an MQTT conversation with fake clients.
+``Cluster`` below plays the two actors: it moves the node core's event batches into
+``DispatcherCore.apply_events``, the dispatcher's per-node batches into ``NodeCore.apply_deliveries``, and
+applies write batches on the stores, until nothing moves. Every test reads as an MQTT conversation with
+fake clients.
 """
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ import json
 
 import pytest
 
+from benchmarks.local_link import LocalShardLink
 from fanout.config import load_config, mqtt_settings
-from fanout.edge import FanoutEdge
+from fanout.dispatcher.core import DispatcherCore
+from fanout.generations import GenerationClock
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.connection import CLOSED
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe, Unsubscribe
-from fanout.shard_core import LocalShardLink, ShardCore
-from fanout.wire import (
-    EV_CONNECT, EV_DISCONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, GenerationClock, join_vins, shard_of,
-    split_by_shard, split_vins,
+from fanout.node.core import NodeCore
+from fanout.node.delivery_topic import DeliveryTopics
+from fanout.records import (
+    EV_CONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, ConnectEvent, DisconnectEvent, HeartbeatEvent, SubscribedEvent,
+    join_vins, read_event, split_vins,
 )
 from storage import ShardStore
+from storage.keys import shard_of, split_by_shard
 
 PREFIX = "agent/{VIN}/proxy/request"
 
@@ -31,7 +36,7 @@ PREFIX = "agent/{VIN}/proxy/request"
 class FakeLink(LocalShardLink):
     """The in-process shard link, recording its calls."""
 
-    def __init__(self, cores: list[ShardCore]) -> None:
+    def __init__(self, cores: list[DispatcherCore]) -> None:
         super().__init__(cores)
         self.calls: list[tuple[str, int]] = []
 
@@ -98,10 +103,10 @@ class Cluster:
         self.cfg = cfg
         self.now = 1_000_000
         self.stores = [ShardStore(tmp_path / f"shard-{k}", k, sync=False) for k in range(shards)]
-        self.cores = [ShardCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
+        self.cores = [DispatcherCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
         self.link = FakeLink(self.cores)
         clock = iter(range(10**15, 10**16, 1000))
-        self.edge = FanoutEdge(cfg, node_id, self.link, clock_us=lambda: next(clock))
+        self.edge = NodeCore(cfg, node_id, self.link, clock_us=lambda: next(clock))
         self.broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), self.edge, now_ms=self.now)
         self.edge.attach(self.broker)
         self.node_id = node_id
@@ -193,6 +198,14 @@ def test_split_by_shard_and_join_roundtrip():
     assert split_vins("") == []
 
 
+def test_delivery_topics_for_any_prefix():
+    assert DeliveryTopics().topic("VIN1", "r1") == "agent/VIN1/proxy/request/r1"
+    assert DeliveryTopics("fleet/{VIN}/in").topic("X", "task_1") == "fleet/X/in/task_1"
+    assert DeliveryTopics("all").topic("X", "r") == "all/r"
+    assert DeliveryTopics("a/{VIN}/b/{VIN}").topic("X", "r") == "a/X/b/X/r"  # not the inline fast path
+    assert DeliveryTopics().filter("VIN1") == "agent/VIN1/proxy/request/+"
+
+
 def test_generation_clock_strictly_increases_even_when_the_clock_stalls():
     g = GenerationClock(lambda: 5)
     assert [g.next(), g.next(), g.next()] == [5, 6, 7]
@@ -211,14 +224,14 @@ async def test_connect_subscribe_heartbeat_become_dispatcher_events(cluster):
     events = cluster.edge.take_events()[shard_of("V1", 2)]
     gen = cluster.edge.generation_of("V1")
     assert events[1][4] > gen  # the subscription time, after the connection's
-    assert events == [
-        (EV_CONNECT, "V1", gen, False, False, None),
-        (EV_SUBSCRIBED, "V1", gen, True, events[1][4]),
-        (EV_HEARTBEAT, "V1", gen),
-        (EV_SUBSCRIBED, "V1", gen, False),
+    assert [read_event(e) for e in events] == [
+        ConnectEvent(EV_CONNECT, "V1", gen, False, False, None),
+        SubscribedEvent(EV_SUBSCRIBED, "V1", gen, True, events[1][4]),
+        HeartbeatEvent(EV_HEARTBEAT, "V1", gen),
+        SubscribedEvent(EV_SUBSCRIBED, "V1", gen, False, None),
     ]
     v.drop()
-    assert cluster.edge.take_events()[shard_of("V1", 2)] == [(EV_DISCONNECT, "V1", gen)]
+    assert cluster.edge.take_events()[shard_of("V1", 2)] == [DisconnectEvent.build("V1", gen)]
 
 
 async def test_generations_are_cluster_wide_and_increase_per_connection(cluster):
@@ -394,7 +407,7 @@ async def test_restarted_shard_sends_pending_rows_to_resynced_vehicles(cluster, 
     await cluster.pump()
     shard = shard_of("V1", 2)
     # the dispatcher of V1 restarts (fresh state, same store) before a batch for V1 arrives
-    cluster.cores[shard] = ShardCore(cluster.stores[shard], shard, 2, started_ms=0)
+    cluster.cores[shard] = DispatcherCore(cluster.stores[shard], shard, 2, started_ms=0)
     cluster.link.cores = cluster.cores
     await publish_batch(cluster, ["V1"])
     assert car.publishes() == []  # the new dispatcher does not know V1 is connected
@@ -403,20 +416,20 @@ async def test_restarted_shard_sends_pending_rows_to_resynced_vehicles(cluster, 
     assert [p.topic for p in car.publishes()] == ["agent/V1/proxy/request/r1"]
 
 
-# -- takeover registry (ShardCore) -----------------------------------------------------------------------------
+# -- takeover registry (DispatcherCore) -----------------------------------------------------------------------------
 
 def test_registry_kicks_the_older_connection_on_the_other_node(tmp_path):
     with ShardStore(tmp_path / "s", 0, sync=False) as store:
-        core = ShardCore(store, 0, 1)
-        core.apply_events("A", [(EV_CONNECT, "V1", 10, False, False, None)])
-        core.apply_events("B", [(EV_CONNECT, "V1", 20, False, False, None)])
+        core = DispatcherCore(store, 0, 1)
+        core.apply_events("A", [ConnectEvent.build("V1", 10, False, False, None)])
+        core.apply_events("B", [ConnectEvent.build("V1", 20, False, False, None)])
         assert core.take_node_batch("A") == ([], {}, [("V1", 10)])
         assert core.vd.vehicle("V1").node == "B"
         # a late connect report of an even older connection elsewhere is kicked itself
-        core.apply_events("C", [(EV_CONNECT, "V1", 5, False, False, None)])
+        core.apply_events("C", [ConnectEvent.build("V1", 5, False, False, None)])
         assert core.take_node_batch("C") == ([], {}, [("V1", 5)])
         assert core.vd.vehicle("V1").node == "B"
-        core.apply_events("A", [(EV_DISCONNECT, "V1", 10)])
+        core.apply_events("A", [DisconnectEvent.build("V1", 10)])
         assert core.vd.vehicle("V1").node == "B"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fanout.mqtt.topics import topic_matches
-from fanout.routes import RouteTable, delivery_route_generalizer
+from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
 
 G = delivery_route_generalizer("agent/{VIN}/proxy/request")
 
@@ -44,7 +44,7 @@ def test_widened_filter_matches_everything_the_original_does(f, topic):
 
 
 def test_a_fleet_of_delivery_filters_is_announced_as_one():
-    routes = RouteTable("n0", generalize=G)
+    routes = PeerRoutes("n0", generalize=G)
     routes.set_peers(["n0", "n1"])
     filters = [f"agent/V{i:05d}/proxy/request/+" for i in range(10_000)] + ["news/#"]
     added, removed, reset = routes.announcement(10_000, local_filters=filters)

@@ -35,7 +35,8 @@ from fanout.mqtt.hooks import IngestTicket
 from fanout.trigger import (
     TRIGGER_TOPIC, Trigger, TriggerError, parse_data_topic, parse_trigger, validate_blob,
 )
-from fanout.wire import join_vins, split_by_shard
+from fanout.records import BlobItem, IngestItem, join_vins
+from storage.keys import split_by_shard
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ class ShardLink(Protocol):
     shards: int
 
     async def put_blobs(self, shard: int, items: list[tuple]) -> Any:
-        """Store ``[(data_id, blob, ts_ms)]`` durably on ``shard``."""
+        """Store :class:`fanout.records.BlobItem` tuples durably on ``shard``."""
         ...
 
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
@@ -57,7 +58,7 @@ class ShardLink(Protocol):
         ...
 
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
-        """Durably enqueue ``[(request_id, data_id, joined_vins, ts_ms)]`` on ``shard``.
+        """Durably enqueue :class:`fanout.records.IngestItem` tuples on ``shard``.
 
         Returns:
             One entry per item: a dict of counters, or an error string (e.g. unknown data id).
@@ -193,7 +194,7 @@ class IngestRounds:
         return trig, split_by_shard(trig.vins, shards)
 
     async def _put_blobs(self, blobs: list[_Work], outcomes: list[Any], now: int) -> None:
-        items = [(w.data_id, w.ticket.payload, now) for w in blobs]
+        items = [BlobItem.build(w.data_id, w.ticket.payload, now) for w in blobs]  # type: ignore[arg-type]
         results = await asyncio.gather(
             *(self._link.put_blobs(s, items) for s in range(self._link.shards)), return_exceptions=True
         )
@@ -254,7 +255,7 @@ class IngestRounds:
                 if not vins:
                     continue
                 joined = await loop.run_in_executor(None, join_vins, vins) if big else join_vins(vins)
-                per_shard.setdefault(shard, []).append((trig.request_id, trig.data_id, joined, ts))
+                per_shard.setdefault(shard, []).append(IngestItem.build(trig.request_id, trig.data_id, joined, ts))
                 owners.setdefault(shard, []).append(w)
             w.buckets = None
         shards = list(per_shard)

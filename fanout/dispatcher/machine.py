@@ -1,10 +1,10 @@
-"""Per-shard dispatch state machine: one fanout message in flight per vehicle (what a Dispatcher holds).
+"""Per-shard dispatch state machine: one fanout message in flight per vehicle.
 
 Pure: no I/O, no clock, no Ray. Inputs are the events a ConnectionNode reports (connect, subscribe,
 heartbeat, PUBACK, disconnect) and new batches; outputs are actions (``Send``, ``Delete``) that are both
-returned by each input and queued until the actor calls ``drain_actions(now_ms)``, which groups sends per
-node so the actor makes one ``deliver(batch)`` call per node per tick. Rows are read through the
-``PendingRows`` protocol (the LMDB shard store in production, via ``ShardRowsAdapter``).
+returned by each input and queued until the dispatcher core calls ``drain_actions(now_ms)``, which groups
+sends per node so the actor makes one ``deliver(batch)`` call per node per tick. Rows are read through the
+``PendingRows`` protocol (the LMDB shard store in production, via :class:`fanout.dispatcher.rows.TickRows`).
 
 Strategy (after emqx-plugin-sdv's dispatcher):
   Rule 1 - only three triggers send: a new batch, a heartbeat (``ecp/<VIN>/heartbeat`` or ``/online``)
@@ -28,10 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-DEFAULT_TOPIC_PREFIX = "agent/{VIN}/proxy/request"
-VIN_PLACEHOLDER = "{VIN}"
+from typing import Protocol
 
 NodeId = str
 
@@ -57,18 +54,6 @@ class PendingRows(Protocol):
     def next_row(self, vin: str, after: bytes | None = None) -> Row | None:
         """The oldest pending row of ``vin`` whose key is greater than ``after`` (all rows if None)."""
         ...
-
-
-@dataclass(slots=True)
-class ShardRowsAdapter:
-    """``PendingRows`` over ``storage.shard.ShardStore``, whose ``next_rows(vin, limit, after_key)``
-    returns ``QueueRow`` tuples ``(key, vin, ts_ms, request_id, data_id)``; ``after_key`` is exclusive."""
-
-    store: Any
-
-    def next_row(self, vin: str, after: bytes | None = None) -> Row | None:
-        rows = self.store.next_rows(vin, limit=1, after_key=after)
-        return Row(*rows[0]) if rows else None
 
 
 # Send and Delete are made once per delivery: plain slotted dataclasses (hashable, treated as immutable)
@@ -106,10 +91,6 @@ class DeliveryPlan:
     def __bool__(self) -> bool:
         return bool(self.sends or self.deletes)
 
-    @property
-    def send_count(self) -> int:
-        return sum(len(batch) for batch in self.sends.values())
-
 
 @dataclass(slots=True)
 class InFlight:
@@ -117,7 +98,6 @@ class InFlight:
 
     key: bytes  # store key of the row
     row: Row | None = None  # None when only the key is known (resumed session)
-    packet_id: int | None = None  # MQTT packet id used by the node, when reported (``on_sent``)
     sent_ms: int | None = None  # time of the drain that handed it to the node; None before, or resumed
 
 
@@ -149,20 +129,6 @@ class DispatchStats:
     oldest_inflight_age_ms: int | None  # oldest drained in-flight row (``stats(now_ms)`` only)
 
 
-def delivery_topic(prefix: str, vin: str, request_id: str) -> str:
-    """The delivery topic ``<prefix with {VIN} replaced>/<request_id>``.
-
-    Args:
-        prefix: topic prefix from config, ``DEFAULT_TOPIC_PREFIX`` by default.
-        vin: the vehicle (a valid topic level, see ``fanout.trigger``).
-        request_id: the request (a valid topic level).
-
-    Returns:
-        e.g. ``agent/VIN1/proxy/request/r1``.
-    """
-    return f"{prefix.replace(VIN_PLACEHOLDER, vin)}/{request_id}"
-
-
 class VinDispatcher:
     """Dispatch state of one shard: per-VIN presence, in-flight row and pending actions.
 
@@ -170,8 +136,11 @@ class VinDispatcher:
     """
 
     def __init__(self, rows: PendingRows, started_ms: int = 0) -> None:
-        self._started_ms = started_ms  # rows older than this may have been sent by a previous incarnation
-        """Args: rows: source of pending rows of this shard (``ShardRowsAdapter(store)``)."""
+        """Args:
+        rows: source of pending rows of this shard.
+        started_ms: start of this dispatcher; rows older than it may have been sent by a predecessor.
+        """
+        self._started_ms = started_ms
         self._rows = rows
         self._skipping = getattr(rows, "next_row_skipping", None)
         self._vins: dict[str, VehicleState] = {}
@@ -206,7 +175,6 @@ class VinDispatcher:
         session_present: bool,
         inflight_row_key: bytes | None = None,
         *,
-        inflight_packet_id: int | None = None,
         subscribed: bool = False,
     ) -> list[Action]:
         """A connection of ``vin`` was accepted on ``node``. Never sends (Rule 1).
@@ -218,7 +186,6 @@ class VinDispatcher:
             session_present: a persistent session was resumed.
             inflight_row_key: key of the unacked fanout message in the resumed session, which the node
                 redelivers with DUP=1 (ignored unless ``session_present``).
-            inflight_packet_id: its packet id, if known.
             subscribed: the resumed session already holds a filter matching the delivery topic.
 
         Returns:
@@ -239,7 +206,7 @@ class VinDispatcher:
         vs.generation = generation
         vs.subscribed = subscribed and session_present
         if session_present and inflight_row_key is not None:
-            self._set_inflight(vs, InFlight(key=inflight_row_key, packet_id=inflight_packet_id))
+            self._set_inflight(vs, InFlight(key=inflight_row_key))
             vs.resumed_inflight = True
         return []
 
@@ -290,13 +257,6 @@ class VinDispatcher:
         # An ack of another key (untracked) leaves a tracked in-flight row in place: its ack is still due.
         actions.extend(self.maybe_send(vin))
         return actions
-
-    def on_sent(self, vin: str, generation: int, row_key: bytes, packet_id: int) -> list[Action]:
-        """The node reports the packet id it used for the in-flight row (bookkeeping only)."""
-        vs = self._live(vin, generation)
-        if vs is not None and vs.inflight is not None and vs.inflight.key == row_key:
-            vs.inflight.packet_id = packet_id
-        return []
 
     def on_disconnect(self, vin: str, generation: int) -> list[Action]:
         """The connection ``generation`` of ``vin`` closed: clear presence and in-flight state.

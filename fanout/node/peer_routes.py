@@ -1,4 +1,6 @@
-"""Cross-node publish forwarding: the route table of remote subscriptions and the local announcements.
+"""The inter-node route table: which peer nodes subscribe to what, and this node's announcements.
+
+(Not the broker's own publish routing to local subscribers: that is :mod:`fanout.mqtt`.)
 
 Strategy (one instance per ConnectionNode, Ray-free):
 
@@ -32,10 +34,10 @@ from typing import Callable, Iterable
 import structlog
 
 from fanout.mqtt.trie import SubscriptionTrie
+from fanout.records import Forward
 
 log = structlog.get_logger(__name__)
 
-ForwardTuple = tuple  # (topic, payload, qos, retain)
 ANNOUNCE_LOOP_SHARE = 0.05  # most of the event loop that building announcements may take
 
 
@@ -62,7 +64,7 @@ def delivery_route_generalizer(topic_prefix: str) -> Callable[[str], str]:
     return generalize
 
 
-class RouteTable:
+class PeerRoutes:
     """Remote filters per peer node, the forward queues, and the announcement state of this node.
 
     Args:
@@ -80,7 +82,7 @@ class RouteTable:
         self._trie: SubscriptionTrie[str] = SubscriptionTrie()
         self._by_node: dict[str, set[str]] = {}
         self._peers: set[str] = set()
-        self._out: dict[str, list[ForwardTuple]] = {}
+        self._out: dict[str, list[tuple]] = {}  # peer -> Forward tuples
         self._announced: set[str] = set()
         self._dirty = True
         self._reset_pending = True
@@ -156,7 +158,7 @@ class RouteTable:
             targets: Iterable[str] = self._peers
         else:
             targets = self._trie.match(topic) if self._by_node else ()
-        item = (topic, payload, qos, retain)
+        item = Forward.build(topic, payload, qos, retain)
         n = 0
         out = self._out
         for node in targets:
@@ -173,8 +175,9 @@ class RouteTable:
         """True when some forward is queued."""
         return bool(self._out)
 
-    def take_forwards(self, busy: Iterable[str] = ()) -> dict[str, list[ForwardTuple]]:
-        """Take the queued forwards of every node not in ``busy`` (their queues keep growing)."""
+    def take_forwards(self, busy: Iterable[str] = ()) -> dict[str, list[tuple]]:
+        """Take the queued :class:`fanout.records.Forward` tuples of every node not in ``busy`` (their
+        queues keep growing)."""
         busy = set(busy)
         if not busy:
             out, self._out = self._out, {}
@@ -228,4 +231,4 @@ class RouteTable:
         return sorted(added), sorted(removed), False
 
 
-__all__ = ["RouteTable"]
+__all__ = ["PeerRoutes", "delivery_route_generalizer"]
