@@ -31,7 +31,7 @@ mosquitto:
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto) >/dev/null)
 
 run: install
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m scripts.demo
 
 test: install java mosquitto
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
@@ -46,7 +46,7 @@ bench-quick: install java mosquitto
 	$(BIN)/python -m benchmarks.run --quick
 
 fuzz: install
-	$(BIN)/python scripts/fuzz_codec.py --iterations 1000000 --workers 2
+	$(BIN)/python -m scripts.fuzz_codec --iterations 1000000 --workers 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis var

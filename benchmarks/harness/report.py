@@ -3,28 +3,21 @@
 - :func:`attempt` runs one phase (a coroutine factory) on a fresh event loop after waiting (bounded) for
   the machine to be quiet, records the machine-wide CPU use during the phase next to its figures, and
   turns an exception into an entry of ``errors`` so the next phase still runs.
-- :func:`dirty_sources`: uncommitted files of the code under test, recorded with every result (several
-  engineers change it while benchmarks run).
 - :func:`ratio`, :func:`at_least`, :func:`at_most`: None-tolerant helpers for ``ratios`` and
   ``targets_met`` (a missing figure gives None, never a fake pass or fail).
 """
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import traceback
 from typing import Any, Awaitable, Callable
 
 import psutil
 
-from ..common import REPO, wait_for_quiet
 from ..loadgen import run_async
-
-
-def log(name: str, msg: str) -> None:
-    """Progress line of benchmark ``name`` on stdout (the benchmark's own output, not library logging)."""
-    print(f"[{name}] {msg}", flush=True)
+from .processes import wait_for_quiet
+from .results import log
 
 
 def _busy_s() -> tuple[float, float]:
@@ -73,16 +66,6 @@ def attempt(name: str, what: str, make: Callable[[], Awaitable[dict[str, Any]]],
     return figures
 
 
-def dirty_sources() -> list[str]:
-    """Files under the code the benchmark exercises that differ from the commit (``git status``)."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", "fanout", "actors", "storage", "cluster", "scripts"],
-                             cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line[3:] for line in out.stdout.splitlines() if line[3:]] if out.returncode == 0 else []
-
-
 def median_run(runs: list[dict[str, Any] | None], key: str) -> dict[str, Any] | None:
     """The run with the median ``key`` (lower middle; a run without it counts as the lowest), with every
     run's value listed under ``<key>_runs``; None when every run failed."""
@@ -92,10 +75,10 @@ def median_run(runs: list[dict[str, Any] | None], key: str) -> dict[str, Any] | 
     return {**done[(len(done) - 1) // 2], f"{key}_runs": [r.get(key) if r else None for r in runs]}
 
 
-def ratio(a: Any, b: Any) -> float | None:
-    """a / b rounded to 3 decimals, or None when either is missing or b is 0."""
+def ratio(a: Any, b: Any, digits: int | None = 3) -> float | None:
+    """a / b rounded to ``digits`` decimals (None: not rounded), or None when either is missing or b is 0."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and b:
-        return round(a / b, 3)
+        return a / b if digits is None else round(a / b, digits)
     return None
 
 
@@ -112,4 +95,4 @@ def get(d: dict[str, Any] | None, key: str) -> Any:
     return None if d is None else d.get(key)
 
 
-__all__ = ["attempt", "dirty_sources", "median_run", "ratio", "at_least", "at_most", "get", "log"]
+__all__ = ["attempt", "median_run", "ratio", "at_least", "at_most", "get"]
