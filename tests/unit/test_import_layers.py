@@ -25,12 +25,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 RAY_FREE = ("fanout", "storage")  # never import ray, not even lazily
 
-# Arrows that break a rule today, in files other helpers are changing (issue 10). Each entry must still
-# occur: when one disappears, this test fails until it is removed here, so the list only shrinks.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"scripts.fleet.vehicle", "scripts.fleet.worker"}),  # vehicle names Worker under TYPE_CHECKING
-}
-KNOWN_MQTT_ESCAPES: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:
@@ -169,14 +163,12 @@ def test_imports_point_down_the_layers():
 def test_the_mqtt_package_imports_nothing_outside_itself():
     escapes = {(name, target) for name, targets in GRAPH.items() if name.startswith("fanout.mqtt")
                for target in targets if not target.startswith("fanout.mqtt")}
-    assert escapes - KNOWN_MQTT_ESCAPES == set(), sorted(escapes - KNOWN_MQTT_ESCAPES)
-    assert KNOWN_MQTT_ESCAPES - escapes == set(), f"fixed, remove from KNOWN_MQTT_ESCAPES: {KNOWN_MQTT_ESCAPES - escapes}"
+    assert escapes == set(), sorted(escapes)
 
 
 def test_no_circles_between_modules():
     cycles = {frozenset(c) for c in _strongly_connected(GRAPH)}
-    assert cycles - KNOWN_CYCLES == set(), [sorted(c) for c in cycles - KNOWN_CYCLES]
-    assert KNOWN_CYCLES - cycles == set(), f"fixed, remove from KNOWN_CYCLES: {[sorted(c) for c in KNOWN_CYCLES - cycles]}"
+    assert cycles == set(), [sorted(c) for c in cycles]
 
 
 def test_the_cycle_finder_finds_cycles():
