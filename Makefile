@@ -40,7 +40,7 @@ build/cfleet: $(wildcard benchmarks/cfleet/*.c benchmarks/cfleet/*.h)
 	$(CFLEET_CC) $(CFLEET_CFLAGS) -o $@ $(filter %.c,$^) -lm
 
 run: install
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m scripts.demo
 
 test: install java mosquitto
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
@@ -55,7 +55,7 @@ bench-quick: install java mosquitto
 	$(BIN)/python -m benchmarks.run --quick
 
 fuzz: install
-	$(BIN)/python scripts/fuzz_codec.py --iterations 1000000 --workers 2
+	$(BIN)/python -m scripts.fuzz_codec --iterations 1000000 --workers 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis var

@@ -1,17 +1,17 @@
-"""ConnectionNode actor: one per Ray node; runs the MQTT listener and moves FanoutEdge's batches.
+"""ConnectionNode actor: one per Ray node; runs the MQTT listener and moves NodeCore's batches.
 
 Strategy (after Ray Serve's proxy actor, STYLE.md section 4):
 
 - ``__init__`` never blocks: it schedules the server start as a task. :meth:`ready` awaits it and re-raises
   a bind or config failure with host:port in the message. No signal handlers (an actor has no main thread).
 - What it owns: the :class:`fanout.mqtt.aio.MQTTServer` (live connections and sessions) and the
-  :class:`fanout.edge.FanoutEdge` plugged into its broker. All protocol and fanout decisions are in those
+  :class:`fanout.node.core.NodeCore` plugged into its broker. All protocol and fanout decisions are in those
   two; this class only ships batches:
-  - events: one ``events`` call per dispatcher with everything queued, once :data:`EVENTS_BATCH` events
-    wait or the oldest has waited :data:`EVENTS_MAX_WAIT_S`; one call in flight per dispatcher (ordered;
-    while it runs, the next batch accumulates). Batches cross Ray as one pickled ``bytes`` (``fanout.wire``);
+  - events: one ``events`` call per dispatcher with everything queued, when the core says they are due
+    (:mod:`fanout.node.event_batching`); one call in flight per dispatcher (ordered; while it runs, the next
+    batch accumulates). Batches cross Ray as one pickled ``bytes`` (:mod:`fanout.records`);
   - deliveries: a big ``deliver`` batch reaches the sockets in parts of :data:`DELIVER_CHUNK`;
-  - ingest rounds: one task at a time (:meth:`FanoutEdge.process_ingest`);
+  - ingest rounds: one task at a time (:meth:`NodeCore.process_ingest`);
   - forwards to peers: one ``forward`` call per peer in flight, queued ones go with the next;
   - route announcements: diffs of the local filter set, at most every 50 ms, to every peer.
 - A dispatcher that answers with a new incarnation restarted with an empty state: the node resends the
@@ -29,8 +29,8 @@ import ray
 import structlog
 
 from fanout import log as fanout_log
-from fanout.edge import FanoutEdge
-from fanout.wire import pack_batch, unpack_batch
+from fanout.node.core import NodeCore
+from fanout.records import Kick, pack_batch, unpack_batch
 
 log = structlog.get_logger(__name__)
 
@@ -43,16 +43,10 @@ ROUTE_PERIOD_S = 0.05
 # A deliver batch bigger than this is handed to the sockets in parts of this size: ~15 µs per send, so
 # the first PUBLISHes of a 2,000-send batch leave ~25 ms earlier than after the whole batch.
 DELIVER_CHUNK = 256
-# PUBACK and heartbeat events go to the dispatchers when this many are queued, or when the oldest has
-# waited EVENTS_MAX_WAIT_S (presence changes - connect, disconnect, subscribe, drops - go at the next tick). A Ray call costs a few hundred µs of CPU on each side whatever
-# it carries; shipping every 2 ms tick sent ~30 events per call under load, i.e. ~10 µs per delivery
-# on each side. The wait bounds what an ack -> next send cycle can gain.
-EVENTS_BATCH = 1000
-EVENTS_MAX_WAIT_S = 0.010
 
 
 class _RayShardLink:
-    """:class:`fanout.ingest.ShardLink` over dispatcher actor handles.
+    """:class:`fanout.node.ingest_rounds.ShardLink` over dispatcher actor handles.
 
     A call to a shard whose dispatcher is replaced (failover) fails at once instead of hanging on the dead
     actor: its tickets are rejected and the platform resends them to the new primary (idempotent).
@@ -115,7 +109,7 @@ class ConnectionNode:
         self._dispatchers = list(dispatchers)
         self._tick_s = config.fanout.tick_ms / 1000.0
         self._link = _RayShardLink(self._dispatchers)
-        self.edge = FanoutEdge(config, node_id, self._link, on_pending=self._schedule_flush)
+        self.edge = NodeCore(config, node_id, self._link, on_pending=self._schedule_flush)
         self.server: Any = None
         self._peers: dict[str, Any] = {}
         self._events_busy: set[int] = set()
@@ -132,15 +126,15 @@ class ConnectionNode:
         self._deliver_calls = 0
         self._event_calls = 0
         self._lag_max_s = 0.0
-        self._events_since: float | None = None  # loop time of the oldest event not shipped yet
         self._loop = asyncio.get_event_loop()
         self._start_task = self._loop.create_task(self._start())
         self._route_task: asyncio.Task | None = None
 
     async def _start(self) -> None:
+        from fanout.config import mqtt_settings
         from fanout.mqtt.aio import MQTTServer
 
-        server = MQTTServer(self.config, host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
+        server = MQTTServer(mqtt_settings(self.config), host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
         self._restore_retained(server.broker.retained)
@@ -218,18 +212,16 @@ class ConnectionNode:
 
     async def deliver(self, sends: list[tuple] | bytes, payloads: dict[str, bytes] | None = None,
                       kicks: list[tuple] | None = None) -> list[tuple]:
-        """Deliver a dispatcher's batch; returns the failed sends (see :mod:`fanout.wire`).
+        """Deliver a dispatcher's batch; returns the :class:`fanout.records.DeliveryFailure` tuples.
 
-        ``sends`` may be ``pack_batch((sends, payloads, kicks))`` (what dispatchers send).
+        ``sends`` may be ``pack_batch(DeliverBatch)`` (what dispatchers send).
         """
         if isinstance(sends, bytes):
             sends, payloads, kicks = unpack_batch(sends)
         payloads = payloads or {}
         kicks = kicks or []
-        if self.server is None:
-            return [(s[0], s[1], s[2], 2) for s in sends]
         started = time.perf_counter()
-        if len(sends) <= DELIVER_CHUNK:
+        if len(sends) <= DELIVER_CHUNK or self.server is None:
             failures = self.edge.apply_deliveries(sends, payloads, kicks)
         else:  # the first PUBLISHes reach their sockets before the rest of the batch is encoded
             failures = self.edge.apply_deliveries(sends[:DELIVER_CHUNK], payloads, kicks)
@@ -268,7 +260,7 @@ class ConnectionNode:
 
     async def kick(self, client_ids: list[str]) -> int:
         """Close the live connections of these client ids (any generation)."""
-        return self.edge.kick([(cid, None) for cid in client_ids])
+        return self.edge.kick([Kick.build(cid, None) for cid in client_ids])
 
     # -- calls from peers and the controller --------------------------------------------------------------------
 
@@ -277,11 +269,10 @@ class ConnectionNode:
         self.edge.routes.update(node_id, added, removed, reset)
 
     async def forward(self, node_id: str, messages: list[tuple]) -> int:
-        """Publishes from a peer's clients: ``(topic, payload, qos, retain)``, delivered locally only."""
+        """Publishes from a peer's clients (:class:`fanout.records.Forward` tuples), delivered locally only."""
         if self.server is None:
             return 0
-        publish = self.server.broker.publish_local
-        return sum(publish(t, p, q, r) for t, p, q, r in messages)
+        return self.edge.apply_forwards(messages)
 
     async def peer_down(self, node_id: str) -> None:
         """Forget a dead peer's routes."""
@@ -333,20 +324,15 @@ class ConnectionNode:
         self._flush_handle = None
         edge = self.edge
         loop = self._loop
-        if edge.has_events():
-            now = loop.time()
-            if self._events_since is None:
-                self._events_since = now
-            waited = now - self._events_since
-            if waited >= EVENTS_MAX_WAIT_S or edge.urgent_events or edge.pending_events() >= EVENTS_BATCH:
-                for shard, events in edge.take_events(self._events_busy).items():
-                    self._events_busy.add(shard)
-                    self._event_calls += 1
-                    loop.create_task(self._send_events(shard, events))
-                self._events_since = now if edge.has_events() else None
-            else:
-                # Not worth a call yet: come back when the oldest event has waited long enough.
-                self._schedule_flush(EVENTS_MAX_WAIT_S - waited)
+        now = loop.time()
+        wait = edge.events_wait(now)
+        if wait == 0.0:
+            for shard, events in edge.take_events(self._events_busy, now).items():
+                self._events_busy.add(shard)
+                self._event_calls += 1
+                loop.create_task(self._send_events(shard, events))
+        elif wait is not None:
+            self._schedule_flush(wait)  # not worth a call yet: come back when they are due
         if edge.has_tickets() and (self._ingest_task is None or self._ingest_task.done()):
             self._ingest_task = loop.create_task(self._run_ingest())
         if edge.routes.has_forwards():

@@ -35,23 +35,16 @@ from fanout import log as fanout_log
 from storage import WriteBatch
 
 from .connection_node import ConnectionNode
+from .names import NODE_RESOURCE, fanout_ray_nodes, remote_error_text
 from .shards import ShardSet
 
 log = structlog.get_logger(__name__)
 
-CONTROLLER_NAME = "fanout-controller"
-NAMESPACE = "sdv-fanout"
 HEALTH_PERIOD_S = 2.0
 HEALTH_TIMEOUT_S = 10.0
 RECHECK_TIMEOUT_S = 2.0  # a node declared down is probed again each housekeeping round with this timeout
 NODE_START_TIMEOUT_S = 120.0
 STATUS_TIMEOUT_S = 5.0
-
-
-def fanout_ray_nodes() -> list[dict[str, Any]]:
-    """Alive Ray nodes with the ``fanout_node`` resource, head first, then by node id."""
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("fanout_node", 0) >= 1]
-    return sorted(nodes, key=lambda n: (not n.get("is_head_node", False), n["NodeID"]))
 
 
 def gc_target(dispatchers: list[Any]) -> Any:
@@ -72,14 +65,7 @@ def gc_target(dispatchers: list[Any]) -> Any:
 def _log_gc_failure(task: asyncio.Task) -> None:
     """Done-callback of a scheduled GC cycle: log its failure (the next interval tries again)."""
     if not task.cancelled() and task.exception() is not None:
-        log.error("scheduled gc cycle failed", error=_cause(task.exception()))
-
-
-def _cause(exc: BaseException) -> str:
-    """The last line of a remote error (the original exception's message)."""
-    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
-    text = str(cause).strip()
-    return text.splitlines()[-1] if text else repr(cause)
+        log.error("scheduled gc cycle failed", error=remote_error_text(task.exception()))
 
 
 @ray.remote(num_cpus=0)
@@ -171,7 +157,7 @@ class Controller:
             self._ray_node_ids[ray_node["NodeID"]] = node_id
         handle = ConnectionNode.options(
             # a share of the node's one fanout_node unit, rounded down (Ray keeps 4 decimals)
-            resources={"fanout_node": 1.0 if per_node == 1 else int(10_000 / per_node) / 10_000},
+            resources={NODE_RESOURCE: 1.0 if per_node == 1 else int(10_000 / per_node) / 10_000},
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node["NodeID"], soft=False),
         ).remote(cfg, node_id, cfg.mqtt.host, port, self.dispatchers, reuse_port=per_node > 1)
         return node_id, handle
@@ -192,7 +178,7 @@ class Controller:
         if errors:
             for h in handles.values():
                 ray.kill(h)
-            raise RuntimeError(_cause(errors[0]))
+            raise RuntimeError(remote_error_text(errors[0]))
         return results  # type: ignore[return-value]
 
     async def _add_new_nodes(self) -> None:
@@ -207,7 +193,7 @@ class Controller:
                 infos += await self._await_listeners(more) if more else []
                 placed.update(more)
             except Exception as exc:
-                log.error("connection node failed to start", ray_node_id=rn["NodeID"], error=_cause(exc))
+                log.error("connection node failed to start", ray_node_id=rn["NodeID"], error=remote_error_text(exc))
                 for h in placed.values():
                     ray.kill(h)
                 continue
@@ -329,7 +315,7 @@ class Controller:
         Raises:
             ValueError: unknown kind or an invalid id.
         """
-        from fanout.wire import shard_of
+        from storage.keys import shard_of
 
         if not self.dispatchers:
             raise RuntimeError("the fanout cluster is not started")
@@ -471,4 +457,4 @@ class Controller:
                     connections_resent=sum(n for n in resent if isinstance(n, int)))
 
 
-__all__ = ["Controller", "CONTROLLER_NAME", "NAMESPACE", "fanout_ray_nodes"]
+__all__ = ["Controller", "gc_target"]

@@ -1,18 +1,18 @@
-"""Dispatcher actor: owns one LMDB shard and the dispatch state of its VINs (a thin shell over ShardCore).
+"""Dispatcher actor: owns one LMDB shard and the dispatch state of its VINs (a thin shell over DispatcherCore).
 
 Strategy:
 
 - What it owns: the ``ShardStore`` at ``<data_dir>/shard-<k>`` (its only writer), a
-  :class:`fanout.shard_core.ShardCore` (per-VIN presence, in-flight row, takeover registry), and the
+  :class:`fanout.dispatcher.core.DispatcherCore` (per-VIN presence, in-flight row, takeover registry), and the
   handles of the connection nodes it delivers to.
 - One writer: every mutation is a ``WriteBatch`` applied on a single-thread executor, so an fsync never
   blocks the event loop and batches are applied in the order they were submitted (the order the
   replication layer will ship them in). Batches that queue up while a commit runs are concatenated into
   the next one (group commit: an fsync costs ~1 ms idle but 100+ ms on a busy disk, so per-batch commits
   would serialise ingests behind delete batches). Reads run in the loop (LMDB readers never wait).
-- New batches: a shard's part of a trigger bigger than 2 x :data:`HEAD_WRITE_VINS` is committed in two
-  batches, the first :data:`HEAD_WRITE_VINS` VINs first, which are dispatched and shipped at once (the first
-  deliveries do not wait for the commit of every row); the caller is answered after both commits.
+- New batches: the core's :class:`fanout.dispatcher.ingest_batch.IngestJob` says what to write in which
+  order (a big trigger's head first, dispatched and shipped at once); the caller is answered after every
+  part is durable. The new rows are dispatched in the core's slices, the loop running between them.
 - The tick: inputs (``events``, ``ingest``) only update state and set a wake flag. The tick task then
   waits ``fanout.tick`` (coalescing everything that arrives meanwhile), drains the plan, writes all acked
   rows' deletes in ONE batch (while one delete batch is being written, the next accumulates) and ships
@@ -21,7 +21,7 @@ Strategy:
   waits for the next call. Idle, it sleeps on an event: no polling.
 - ``max_restarts=-1``: a restarted dispatcher reopens its shard (nothing acknowledged is lost, it is in
   LMDB) with an empty in-memory state; its ``incarnation`` changes, and each node then resends the
-  connections it holds for this shard (``FanoutEdge.sync_events``). ``max_task_retries`` is safe because
+  connections it holds for this shard (``NodeCore.sync_events``). ``max_task_retries`` is safe because
   every method is idempotent: ingest by (request_id, vin), acks by row key, connects by generation.
 """
 from __future__ import annotations
@@ -39,11 +39,12 @@ import ray
 import structlog
 
 from fanout import log as fanout_log
-from fanout.shard_core import ShardCore
-from fanout.wire import pack_batch, unpack_batch
+from fanout.dispatcher.core import DispatcherCore
+from fanout.records import DeliverBatch, pack_batch, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
+from .names import NAMESPACE
 from .primary_link import PrimaryLink
 
 log = structlog.get_logger(__name__)
@@ -55,8 +56,6 @@ GC_THRESHOLDS = (50_000, 50, 100)
 
 MAX_CALLS_PER_NODE = 4
 MAX_SENDS_PER_CALL = 2000  # a bigger backlog goes out in several pipelined calls: the first lands sooner
-DISPATCH_SLICE = 2000  # VINs of a new batch handled per event-loop turn
-HEAD_WRITE_VINS = 256  # a bigger new batch commits and dispatches this many VINs first (first delivery early)
 
 
 def _now_ms() -> int:
@@ -87,7 +86,7 @@ class Dispatcher:
         path = Path((replication or {}).get("path") or Path(data_dir) / f"shard-{shard}")  # a promoted replica's dir
         self.store = ShardStore(path, shard, map_size_bytes=st.map_size_bytes,
                                 max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
-        self.core = ShardCore(self.store, shard, shards)
+        self.core = DispatcherCore(self.store, shard, shards)
         self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
         self._tick_s = config.fanout.tick_ms / 1000.0
@@ -123,8 +122,6 @@ class Dispatcher:
 
     async def _recover(self) -> None:
         """After a restart: get the node handles from the controller, ask every node to resync this shard."""
-        from actors.controller import NAMESPACE
-
         if not self._controller:
             log.warning("restarted dispatcher has no controller to recover from", shard=self.shard)
             return
@@ -178,7 +175,7 @@ class Dispatcher:
     # -- inputs ---------------------------------------------------------------------------------------------
 
     async def put_blobs(self, items: list[tuple]) -> list[None]:
-        """Store ``[(data_id, blob, ts_ms)]`` durably; returns after the commit."""
+        """Store :class:`fanout.records.BlobItem` tuples durably; returns after the commit."""
         batch = self.core.blob_batch(items)
         await self._write(batch)
         self.core.blobs_stored(items)
@@ -189,54 +186,39 @@ class Dispatcher:
         return self.core.has_data(data_ids)
 
     async def ingest(self, items: list[tuple]) -> list[Any]:
-        """Durably enqueue ``[(request_id, data_id, joined_vins, ts_ms)]``, then dispatch the new rows.
+        """Durably enqueue :class:`fanout.records.IngestItem` tuples, then dispatch the new rows.
 
         Returns:
             Per item ``{"vins": n}`` or an error string (unknown data id: nothing written for it).
         """
-        t0 = time.perf_counter()
-        head_result = None
-        split = self.core.split_head(items, HEAD_WRITE_VINS)
-        if split is not None:
-            # First deliveries early: the head's rows are committed and dispatched while the rest of the
-            # batch is built and written (one more commit; the caller is answered after both).
-            head, items = split
-            hbatch, hresults, hlists = self.core.ingest_batch(head)
-            if hbatch:
-                await self._write(hbatch)
-                th = time.perf_counter()
-                await self._dispatch_new(hlists)
-                self._tick()  # ship the head's sends now: building the rest's batch holds the loop
-                log.debug("ingest head shipped", shard=self.shard, write_ms=round(1000 * (th - t0), 1),
-                          dispatch_ms=round(1000 * (time.perf_counter() - th), 1))
-            head_result = hresults[0]
-        batch, results, vin_lists = self.core.ingest_batch(items)
-        if head_result is not None:
-            results[0] = self.core.merge_head_result(head_result, results[0])
-        if batch:
+        job = self.core.ingest_job(items)
+        for part in job.parts():
+            if not part.batch:
+                continue
+            t0 = time.perf_counter()
+            counts = await self._write(part.batch)
             t1 = time.perf_counter()
-            counts = await self._write(batch)
-            t2 = time.perf_counter()
-            ready = await self._dispatch_new(vin_lists)
-            log.debug("ingest applied", shard=self.shard, triggers=len(items), counts=counts, ready=ready,
-                     build_ms=round(1000 * (t1 - t0), 1), write_ms=round(1000 * (t2 - t1), 1),
-                     dispatch_ms=round(1000 * (time.perf_counter() - t2), 1))
-        return results
+            ready = await self._dispatch_new(part.vin_lists)
+            if part.head:
+                self._tick()  # ship the head's sends now: building the rest's batch holds the loop
+            log.debug("ingest part applied", shard=self.shard, head=part.head, triggers=len(items), counts=counts,
+                      ready=ready, write_ms=round(1000 * (t1 - t0), 1),
+                      dispatch_ms=round(1000 * (time.perf_counter() - t1), 1))
+        return job.results()
 
     async def _dispatch_new(self, vin_lists: list[list[str]]) -> int:
-        """"New batch" trigger for durable rows, in slices so the tick ships the first sends while the
-        rest is read. Returns how many VINs were ready."""
+        """"New batch" trigger for durable rows, in the core's slices; the loop runs between the slices of
+        a big list, so the tick ships the first sends while the rest is read. Returns how many were ready."""
         ready = 0
-        for vins in vin_lists:
-            for i in range(0, len(vins), DISPATCH_SLICE):
-                ready += self.core.dispatch_new(vins[i:i + DISPATCH_SLICE])
-                self._kick()
-                if len(vins) > DISPATCH_SLICE:
-                    await asyncio.sleep(0)
+        for n, give_way in self.core.dispatch_slices(vin_lists):
+            ready += n
+            self._kick()
+            if give_way:
+                await asyncio.sleep(0)
         return ready
 
     async def events(self, node_id: str, events: list[tuple] | bytes) -> str:
-        """Apply one node's event batch (a list, or ``fanout.wire.pack_batch`` of it).
+        """Apply one node's event batch (a list, or ``fanout.records.pack_batch`` of it).
 
         Returns:
             This dispatcher's incarnation (a change tells the node to resend its connections).
@@ -401,7 +383,7 @@ class Dispatcher:
     async def _deliver(self, node: str, handle: Any, sends: list, payloads: dict, kicks: list) -> None:
         started = time.perf_counter()
         try:
-            failures = await handle.deliver.remote(pack_batch((sends, payloads, kicks)))
+            failures = await handle.deliver.remote(pack_batch(DeliverBatch.build(sends, payloads, kicks)))
             self._deliver_s += time.perf_counter() - started
             if failures:
                 self.core.delivery_failures(node, failures)

@@ -3,7 +3,7 @@ callers are answered.
 
 Strategy: the Dispatcher calls :meth:`PrimaryLink.apply_local` on its writer thread instead of
 ``ShardStore.apply`` and :meth:`PrimaryLink.settle_after_replication` where it used to answer the callers of
-a commit; everything else (log, pumps, ack set, fencing) is :class:`storage.replicator.Replicator`. With
+a commit; everything else (log, pumps, ack set, fencing) is :class:`storage.replica_shipper.Replicator`. With
 ``fanout.replicas = 0`` the hook is a pass-through (no log, no serialisation), so an unreplicated cluster
 pays nothing. A Dispatcher restarted by Ray asks the Controller for its replicas in :meth:`recover`; until
 then its writes wait (``expect_replicas``), so nothing is acknowledged unreplicated.
@@ -18,8 +18,8 @@ import structlog
 
 from storage import ShardStore, WriteBatch
 from storage.errors import FencedError
-from storage.replication import ReplicationLog, ShardPrimary, Shipment
-from storage.replicator import Replicator
+from storage.replication_protocol import ReplicationLog, ShardPrimary, Shipment
+from storage.replica_shipper import Replicator
 
 from .store_replica import RayReplicaTransport
 

@@ -38,6 +38,7 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .dispatcher import Dispatcher
+from .names import fanout_ray_nodes
 from .store_replica import StoreReplica, replica_dir
 
 log = structlog.get_logger(__name__)
@@ -347,8 +348,6 @@ class ShardSet:
     async def _spawn_replica(self, k: int, prefer_not: set[str]) -> _Loc | None:
         """A new, started StoreReplica of shard ``k`` (not wired): on a node outside ``prefer_not`` if there is
         one, never on a silent node (Ray may still list a dead node: its GCS health check is slower)."""
-        from .controller import fanout_ray_nodes
-
         avoid: set[str] = set()
         timeout = self.config.fanout.failover_timeout_ms / 1000.0
         for _attempt in range(5):  # bounded

@@ -2,9 +2,9 @@
 
 Strategy:
 
-- It owns ``<data_dir>/replica-<shard>-<n>`` (its only writer) and a :class:`storage.replication.ReplicaApplier`
-  that decides every shipped batch by the replica rules (lower epoch rejected, duplicates re-acked, gaps
-  answered with ``Need``). Applies run on a single-thread executor in arrival order, so the event loop
+- It owns ``<data_dir>/replica-<shard>-<n>`` (its only writer) and a
+  :class:`storage.replication_protocol.ReplicaApplier` that decides every shipped batch by the replica rules
+  (lower epoch rejected, duplicates re-acked, gaps answered with ``Need``). Applies run on a single-thread executor in arrival order, so the event loop
   keeps answering ``status``/``check_health`` while a big batch commits.
 - ``max_restarts=-1``: killed, it restarts on its node, reopens its store and the primary's pump catches
   it up (log, or snapshot + log). Calls are not retried by Ray (``max_task_retries=0``): the pump
@@ -30,7 +30,7 @@ import structlog
 from fanout import log as fanout_log
 from storage import ShardStore
 from storage.errors import StoreError
-from storage.replication import LogEntry, Rejected, ReplicaApplier, ReplicaReply, table_digests
+from storage.replication_protocol import LogEntry, Rejected, ReplicaApplier, ReplicaReply, table_digests
 from storage.snapshot import SnapshotInfo
 
 log = structlog.get_logger(__name__)
@@ -133,7 +133,7 @@ class StoreReplica:
         return info
 
     async def digests(self) -> dict[str, str]:
-        """Per-table digests (see :func:`storage.replication.table_digests`)."""
+        """Per-table digests (see :func:`storage.replication_protocol.table_digests`)."""
         return await self._run(table_digests, self._live().store)
 
     async def status(self) -> dict[str, Any]:
@@ -149,7 +149,7 @@ class StoreReplica:
 
 
 class RayReplicaTransport:
-    """:class:`storage.replicator.ReplicaTransport` over a ``StoreReplica`` handle."""
+    """:class:`storage.replica_shipper.ReplicaTransport` over a ``StoreReplica`` handle."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle

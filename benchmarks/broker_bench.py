@@ -30,8 +30,8 @@ through ``python -m benchmarks.run``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
+import functools
 import gc
 import statistics
 import time
@@ -41,10 +41,11 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
-from .common import (
-    CLK_TCK, INFLIGHT_WINDOW, SYSTEMS, PeerBroker, grouped_bars, machine_info, pyplot, raise_nofile_limit,
-    save_figure, versions, wait_for_quiet, write_result,
-)
+from .harness.peers import INFLIGHT_WINDOW, SYSTEMS, PeerBroker
+from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
+from .harness.processes import CLK_TCK, raise_nofile_limit, wait_for_quiet
+from .harness.report import at_least, at_most, ratio
+from .harness.results import bench_parser, log, result_name, run_header, save_result
 from .loadgen import (
     MAX_UNDELIVERED, PAYLOAD_SIZE, STALL_S, WINDOW, LeanClient, Tally, close_all, connect, connect_many,
     paho_1to1, percentile_ms, pubacks, run_async, wait_progress,
@@ -205,10 +206,6 @@ async def scenario_idle(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
 # one system, ratios, plot, entry points
 
 
-def _log(msg: str) -> None:
-    print(f"[{NAME}] {msg}", flush=True)
-
-
 def _attempt(system: str, what: str, figures: dict[str, Any], errors: dict[str, str],
              fn: Callable[[], dict[str, Any]]) -> None:
     t0 = time.monotonic()
@@ -216,11 +213,11 @@ def _attempt(system: str, what: str, figures: dict[str, Any], errors: dict[str, 
         got = fn()
     except Exception as exc:  # one failed figure must not stop the others
         errors[what] = f"{type(exc).__name__}: {exc}"
-        _log(f"{system:9s} {what}: FAILED {errors[what]}")
+        log(NAME, f"{system:9s} {what}: FAILED {errors[what]}")
         return
     figures.update(got)
     shown = {k: v for k, v in got.items() if k in FIGURES or k.startswith(("connects_per_s", "other_cpu_share"))}
-    _log(f"{system:9s} {what} ({time.monotonic() - t0:.1f} s): "
+    log(NAME, f"{system:9s} {what} ({time.monotonic() - t0:.1f} s): "
          + ", ".join(f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
 
 
@@ -242,7 +239,7 @@ def bench_round(system: str, sizes: Sizes) -> dict[str, Any]:
             _attempt(system, "1toN", figures, errors, lambda: run_async(scenario_1toN(broker, sizes)))
     except Exception as exc:  # broker did not start (e.g. Mosquitto not installed)
         errors["broker"] = f"{type(exc).__name__}: {exc}"
-        _log(f"{system:9s} FAILED {errors['broker']}")
+        log(NAME, f"{system:9s} FAILED {errors['broker']}")
     if errors:
         figures["errors"] = errors
     return figures
@@ -257,7 +254,7 @@ def bench_idle(system: str, sizes: Sizes) -> dict[str, Any]:
             _attempt(system, "idle", figures, errors, lambda: run_async(scenario_idle(broker, sizes)))
     except Exception as exc:
         errors["broker"] = f"{type(exc).__name__}: {exc}"
-        _log(f"{system:9s} FAILED {errors['broker']}")
+        log(NAME, f"{system:9s} FAILED {errors['broker']}")
     if errors:
         figures["errors"] = errors
     return figures
@@ -304,12 +301,6 @@ _RATIO_DEFS: dict[str, tuple[str, str]] = {
 }
 
 
-def _ratio(a: Any, b: Any) -> float | None:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
-        return a / b
-    return None
-
-
 def compute_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     """This broker's figures divided by each peer's (>1 = higher; for CPU and RSS lower is better).
 
@@ -320,22 +311,16 @@ def compute_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, float | None
     out: dict[str, float | None] = {}
     for name, (key, peer) in _RATIO_DEFS.items():
         theirs = systems.get(peer, {})
-        paired = [_ratio(a.get(key), b.get(key)) for a, b in zip(ours.get("rounds", []), theirs.get("rounds", []))]
+        paired = [ratio(a.get(key), b.get(key), digits=None)
+                  for a, b in zip(ours.get("rounds", []), theirs.get("rounds", []))]
         values = [v for v in paired if v is not None]
-        out[name] = statistics.median(values) if values else _ratio(ours.get(key), theirs.get(key))
+        out[name] = statistics.median(values) if values else ratio(ours.get(key), theirs.get(key), digits=None)
     return {k: out[k] for k in RATIOS}
 
 
 def check_targets(systems: dict[str, dict[str, Any]], ratios: dict[str, float | None]) -> dict[str, bool | None]:
     """Issue 2's targets for this broker; None when a figure is missing."""
     ours = systems.get("fanout", {})
-
-    def at_least(v: float | None, lo: float) -> bool | None:
-        return None if v is None else v >= lo
-
-    def at_most(v: Any, hi: float) -> bool | None:
-        return None if not isinstance(v, (int, float)) else v <= hi
-
     return {
         "throughput_1to1_ge_0.8x_mosquitto": at_least(ratios["throughput_1to1_vs_mosquitto"],
                                                       TARGETS["throughput_vs_mosquitto_min"]),
@@ -349,14 +334,9 @@ def check_targets(systems: dict[str, dict[str, Any]], ratios: dict[str, float | 
 
 def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     """Grouped bars per scenario per system: throughput, CPU per message, RSS per connection, latency."""
-    plt = pyplot()
-    systems: dict[str, dict[str, Any]] = result["systems"]
+    fig, axes = pyplot().subplots(2, 2, figsize=(12, 8))
+    series = functools.partial(system_series, result["systems"])
     p = result["params"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-
-    def series(keys: Sequence[str], scale: float = 1.0) -> dict[str, list[float | None]]:
-        return {s: [f.get(k) * scale if isinstance(f.get(k), (int, float)) else None for k in keys]
-                for s, f in systems.items()}
 
     n = p["subscribers"]
     grouped_bars(axes[0][0], ["1 -> 1 (lean client)", f"1 -> {n:,} (lean client)", "1 -> 1 (paho-mqtt)"],
@@ -373,9 +353,7 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
                  series(["latency_1to1_p50_ms", "latency_1to1_p99_ms", "latency_1toN_p50_ms", "latency_1toN_p99_ms"]),
                  ylabel="ms (log)", fmt="{:,.1f}", log=True,
                  title=f"End-to-end latency (<= {p['window']} unacked, <= {p['max_undelivered']} undelivered)")
-    m = result["machine"]
-    fig.suptitle(f"{name} ({result['mode']}) - {m['cpu_model']}, {m['logical_cpus']} CPUs; "
-                 "broker and load generator share the machine", fontsize=10)
+    machine_title(fig, result, name, "broker and load generator share the machine")
     return save_figure(fig, name, out_dir)
 
 
@@ -391,7 +369,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         The result object written to JSON.
     """
     sizes = QUICK if quick else FULL
-    name = f"{NAME}_quick" if quick else NAME
+    name = result_name(NAME, quick)
     soft, hard = raise_nofile_limit()
     notes = [
         "Each broker runs in its own process on 127.0.0.1 and shares the machine's CPUs with the single "
@@ -418,11 +396,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     pubacks()
     started = time.time()
     result: dict[str, Any] = {
-        "name": name,
-        "mode": "quick" if quick else "full",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": machine_info(),
-        "versions": versions(),
+        **run_header(name, quick, started),
         "params": {**asdict(sizes), "window": WINDOW, "max_undelivered": MAX_UNDELIVERED,
                    "payload_bytes": PAYLOAD_SIZE, "qos": 1, "broker_inflight_window": INFLIGHT_WINDOW,
                    "nofile_soft": soft, "nofile_hard": hard, "warmup_max_s": WARMUP_MAX_S,
@@ -431,33 +405,27 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         "notes": notes,
         "systems": {},
     }
-    _log(f"mode={result['mode']} systems={list(systems)} sizes={asdict(sizes)}")
+    log(NAME, f"mode={result['mode']} systems={list(systems)} sizes={asdict(sizes)}")
     rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for r in range(sizes.rounds):  # interleaved, so slow drifts in background load hit every system
-        _log(f"round {r + 1}/{sizes.rounds}")
+        log(NAME, f"round {r + 1}/{sizes.rounds}")
         for system in systems:
             rounds[system].append(bench_round(system, sizes))
     for system in systems:
         result["systems"][system] = aggregate(rounds[system], bench_idle(system, sizes))
     result["ratios"] = compute_ratios(result["systems"])
     result["targets_met"] = check_targets(result["systems"], result["ratios"])
-    result["duration_s"] = round(time.time() - started, 1)
-    path = write_result(name, result, out_dir)
-    result["json_path"] = str(path)
-    result["png_path"] = str(plot(result, name, out_dir))
-    _log(f"wrote {path} and {result['png_path']} in {result['duration_s']} s")
+    save_result(name, result, plot, out_dir, started=started)
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.broker_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small numbers (CI smoke)")
+    parser = bench_parser(NAME, __doc__)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    parser.add_argument("--out-dir", default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     result = run(args.quick, systems=args.systems, out_dir=args.out_dir)
     for key, value in result["ratios"].items():
-        _log(f"{key} = {value:.3f}" if value is not None else f"{key} = n/a")
+        log(NAME, f"{key} = {value:.3f}" if value is not None else f"{key} = n/a")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Platform client benchmark: submit latency (HOT and COLD) and acknowledged 1,000-VIN submissions/s.
 
-Runs against the project's broker started as a subprocess (``fanout broker --port 0 --config``), on
-loopback, and writes ``benchmarks/results/client_bench.json`` and ``client_bench.png``.
+Runs against the project's broker started as a subprocess (``fanout broker --port 0 --config``, through
+:class:`~benchmarks.harness.peers.PeerBroker`), on loopback, and writes ``benchmarks/results/client_bench.json``
+and ``client_bench.png`` (``client_bench_quick.*`` with ``--quick``).
 
 Phases (bounded, ~30 s in total):
 
@@ -19,27 +20,28 @@ Phases (bounded, ~30 s in total):
 6. ``cold_latency_tmpfs``: phase 2 with the outbox on ``/dev/shm`` (fsync is free there, so this is
    not durable): the client's own cost of the COLD path, without the disk.
 
-Usage: ``.venv/bin/python benchmarks/client_bench.py [--quick]``, or through the runner
+Usage: ``python -m benchmarks.client_bench [--quick]``, or through the runner
 ``python -m benchmarks.run --only client`` (:func:`run`).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
+import functools
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
+from .harness.peers import PeerBroker
+from .harness.plots import label_bars, pyplot, save_figure
+from .harness.results import bench_parser, load_avg, result_name, run_header, save_result
+
+NAME = "client_bench"
+# No users: the platform/platform dev login of a loopback listener; no $SYS traffic.
+BROKER_CONFIG = '[mqtt]\nsys_interval = "0s"\n'
 TARGETS = {"hot_accept_p99_ms": 1.0, "cold_accept_p99_ms": 5.0, "acked_submissions_per_s": 500.0}
 VINS = [f"WVWZZZ1JZ{i:08d}" for i in range(1000)]
 PAYLOAD = b'{"command":"ota","package":"fw-7.2.1","url":"https://example.invalid/fw"}'
@@ -54,19 +56,6 @@ def summary(lat_s: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in lat_s]
     return {"n": len(ms), "p50_ms": round(pct(ms, 50), 4), "p90_ms": round(pct(ms, 90), 4), "p99_ms": round(pct(ms, 99), 4),
             "max_ms": round(max(ms), 4), "mean_ms": round(statistics.fmean(ms), 4)}
-
-
-def start_broker(tmp: Path) -> tuple[subprocess.Popen[str], int]:
-    cfg = tmp / "broker.toml"
-    cfg.write_text('[mqtt]\nsys_interval = "0s"\n')  # no users: platform/platform dev login on loopback
-    fanout = Path(sys.executable).parent / "fanout"
-    proc = subprocess.Popen([str(fanout), "broker", "--port", "0", "--config", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=open(tmp / "broker.log", "w"), text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line.startswith("fanout broker ready mqtt://"):
-        proc.kill()
-        raise SystemExit(f"broker did not start: {line!r}")
-    return proc, int(line.strip().rsplit(":", 1)[1])
 
 
 def client(port: int, outbox: Path, **kw: Any) -> Any:
@@ -135,20 +124,18 @@ def disk_fsync(directory: Path, n: int = 200) -> dict[str, float]:
     return summary(lat)
 
 
-def plot(result: dict[str, Any], hot: list[float], hot_cpu: list[float], cold: list[float], cold_shm: list[float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(result: dict[str, Any], name: str, out_dir: str | Path | None, *, curves: dict[str, list[float]]) -> Path:
+    """Accept-latency distributions (``curves``: hot, hot_cpu, cold, cold_shm samples in s) and throughput."""
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    curves = [("HOT (ring), wall", hot, "tab:red", "-"), ("HOT, CPU time of the submitting thread", hot_cpu, "tab:red", "--"),
-              ("COLD (fsynced outbox)", cold, "tab:blue", "-")]
-    if cold_shm:
-        curves.append(("COLD path on tmpfs (no disk, not durable)", cold_shm, "tab:gray", "-"))
-    for name, lat, color, style in curves:
+    lines = [("HOT (ring), wall", curves["hot"], "tab:red", "-"),
+             ("HOT, CPU time of the submitting thread", curves["hot_cpu"], "tab:red", "--"),
+             ("COLD (fsynced outbox)", curves["cold"], "tab:blue", "-")]
+    if curves["cold_shm"]:
+        lines.append(("COLD path on tmpfs (no disk, not durable)", curves["cold_shm"], "tab:gray", "-"))
+    for label, lat, color, style in lines:
         ms = sorted(max(v, 1e-6) * 1000 for v in lat)
-        ax1.plot(ms, [i / len(ms) for i in range(len(ms))], label=name, color=color, ls=style)
+        ax1.plot(ms, [i / len(ms) for i in range(len(ms))], label=label, color=color, ls=style)
     ax1.axvline(TARGETS["hot_accept_p99_ms"], color="tab:red", ls=":", lw=1, label="HOT p99 target")
     ax1.axvline(TARGETS["cold_accept_p99_ms"], color="tab:blue", ls=":", lw=1, label="COLD p99 target")
     ax1.set_xscale("log")
@@ -158,51 +145,46 @@ def plot(result: dict[str, Any], hot: list[float], hot_cpu: list[float], cold: l
     ax1.legend(fontsize=8)
     names = ["hybrid (HOT)", "always (COLD), 8 submitters"]
     values = [result["hot_throughput"]["acked_per_s"], result["always_throughput"]["acked_per_s"]]
-    ax2.bar(names, values, color=["tab:red", "tab:blue"])
+    bars = ax2.bar(names, values, color=["tab:red", "tab:blue"])
     ax2.axhline(TARGETS["acked_submissions_per_s"], color="k", ls=":", lw=1, label="target 500/s")
-    for i, v in enumerate(values):
-        ax2.text(i, v, f"{v:.0f}/s", ha="center", va="bottom")
+    label_bars(ax2, bars, [f"{v:.0f}/s" for v in values], fontsize=10)
     ax2.set_ylabel("acknowledged submissions/s")
     ax2.set_title("throughput, 1,000 VINs each (fanout broker, loopback)")
     ax2.legend(fontsize=8)
-    fig.suptitle(f"sdv-fanout platform client - {result['machine']['cpus']} CPUs, load {result['machine']['load_before']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.suptitle(f"sdv-fanout platform client - {result['machine']['logical_cpus']} CPUs, "
+                 f"load {result['load_avg_1m_start']}")
+    return save_figure(fig, name, out_dir)
 
 
-async def main(quick: bool) -> dict[str, Any]:
+async def measure(quick: bool, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run every phase against a fresh broker; write the JSON and the PNG; returns the result."""
     from fanout import log
 
     log.configure(json=True, level="warning")
     scale = 0.3 if quick else 1.0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="client-bench-") as d:
-        tmp = Path(d)
-        load_before = round(os.getloadavg()[0], 2)
-        broker, port = start_broker(tmp)
-        try:
-            t0 = time.perf_counter()
-            hot, hot_info, hot_cpu = await paced_latency(port, tmp / "ob-hot", int(2000 * scale), 400.0, "hybrid")
-            cold, cold_info, _ = await paced_latency(port, tmp / "ob-cold", int(1000 * scale), 150.0, "always")
-            hot_tp = await throughput(port, tmp / "ob-tp-hot", int(4000 * scale), "hybrid", 1)
-            always_tp = await throughput(port, tmp / "ob-tp-always", int(1600 * scale), "always", 8)
-            fsync = disk_fsync(tmp)
-            shm = Path("/dev/shm")
-            cold_shm: list[float] = []
-            if shm.is_dir():
-                with tempfile.TemporaryDirectory(prefix="client-bench-", dir=shm) as sd:
-                    cold_shm, _, _ = await paced_latency(port, Path(sd) / "ob", int(1000 * scale), 150.0, "always")
-            wall = time.perf_counter() - t0
-        finally:
-            broker.terminate()
-            broker.wait(10)
-    result: dict[str, Any] = {
-        "benchmark": "client_bench",
+    name = result_name(NAME, quick)
+    started = time.time()
+    result: dict[str, Any] = {**run_header(name, quick, started), "load_avg_1m_start": load_avg()[0]}
+    with (tempfile.TemporaryDirectory(prefix="client-bench-") as d,
+          PeerBroker("fanout", fanout_config=BROKER_CONFIG) as broker):
+        tmp, port = Path(d), broker.port
+        t0 = time.perf_counter()
+        hot, hot_info, hot_cpu = await paced_latency(port, tmp / "ob-hot", int(2000 * scale), 400.0, "hybrid")
+        cold, cold_info, _ = await paced_latency(port, tmp / "ob-cold", int(1000 * scale), 150.0, "always")
+        hot_tp = await throughput(port, tmp / "ob-tp-hot", int(4000 * scale), "hybrid", 1)
+        always_tp = await throughput(port, tmp / "ob-tp-always", int(1600 * scale), "always", 8)
+        fsync = disk_fsync(tmp)
+        shm = Path("/dev/shm")
+        cold_shm: list[float] = []
+        if shm.is_dir():
+            with tempfile.TemporaryDirectory(prefix="client-bench-", dir=shm) as sd:
+                cold_shm, _, _ = await paced_latency(port, Path(sd) / "ob", int(1000 * scale), 150.0, "always")
+        wall = time.perf_counter() - t0
+    result.update({
         "broker": "fanout broker (subprocess, loopback)",
         "transport": "paho-mqtt 2.x on the asyncio loop, MQTT 3.1.1, QoS 1, max_inflight 128",
         "submission": {"vins": len(VINS), "payload_bytes": len(PAYLOAD)},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": load_before,
-                    "load_after": round(os.getloadavg()[0], 2)},
+        "load_avg_1m_end": load_avg()[0],
         "hot_latency": summary(hot) | hot_info,
         "cold_latency": summary(cold) | cold_info,
         "hot_throughput": hot_tp,
@@ -211,39 +193,43 @@ async def main(quick: bool) -> dict[str, Any]:
         "cold_latency_tmpfs": summary(cold_shm) if cold_shm else None,
         "targets": TARGETS,
         "wall_s": round(wall, 1),
-    }
+    })
     result["meets"] = {
         "hot_accept_p99": result["hot_latency"]["p99_ms"] <= TARGETS["hot_accept_p99_ms"],
         "cold_accept_p99": result["cold_latency"]["p99_ms"] <= TARGETS["cold_accept_p99_ms"],
         "acked_submissions_per_s": hot_tp["acked_per_s"] >= TARGETS["acked_submissions_per_s"],
     }
-    stem = "client_bench_quick" if quick else "client_bench"  # quick runs are git-ignored
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, hot, hot_cpu, cold, cold_shm, RESULTS / f"{stem}.png")
-    result["json_path"] = str(RESULTS / f"{stem}.json")
-    result["png_path"] = str(RESULTS / f"{stem}.png")
+    curves = {"hot": hot, "hot_cpu": hot_cpu, "cold": cold, "cold_shm": cold_shm}
+    save_result(name, result, functools.partial(plot, curves=curves), out_dir)
     return result
 
 
 FIGURES = ("accept_p50_ms", "accept_p99_ms", "thread_cpu_p99_ms", "acked_per_s")
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Entry point for ``benchmarks.run``: the figures per durability mode plus targets met."""
-    r = asyncio.run(main(quick))
+    r = asyncio.run(measure(quick, out_dir))
     systems = {
         "hybrid (HOT)": {"accept_p50_ms": r["hot_latency"]["p50_ms"], "accept_p99_ms": r["hot_latency"]["p99_ms"],
-                         "thread_cpu_p99_ms": r["hot_latency"]["thread_cpu_p99_ms"], "acked_per_s": r["hot_throughput"]["acked_per_s"]},
+                         "thread_cpu_p99_ms": r["hot_latency"]["thread_cpu_p99_ms"],
+                         "acked_per_s": r["hot_throughput"]["acked_per_s"]},
         "always (COLD)": {"accept_p50_ms": r["cold_latency"]["p50_ms"], "accept_p99_ms": r["cold_latency"]["p99_ms"],
-                          "thread_cpu_p99_ms": r["cold_latency"]["thread_cpu_p99_ms"], "acked_per_s": r["always_throughput"]["acked_per_s"]},
+                          "thread_cpu_p99_ms": r["cold_latency"]["thread_cpu_p99_ms"],
+                          "acked_per_s": r["always_throughput"]["acked_per_s"]},
     }
-    return {"mode": "quick" if quick else "full", "duration_s": r["wall_s"], "systems": systems, "targets_met": r["meets"],
+    return {"mode": r["mode"], "duration_s": r["wall_s"], "systems": systems, "targets_met": r["meets"],
             "json_path": r["json_path"], "png_path": r["png_path"]}
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="30%% of the work (smoke run)")
-    out = asyncio.run(main(parser.parse_args().quick))
-    keys = ("hot_latency", "cold_latency", "cold_latency_tmpfs", "hot_throughput", "always_throughput", "disk_fsync_4k", "meets", "machine")
+def main(argv: Sequence[str] | None = None) -> int:
+    args = bench_parser(NAME, __doc__, quick_help="30%% of the work (smoke run)").parse_args(argv)
+    out = asyncio.run(measure(args.quick, args.out_dir))
+    keys = ("hot_latency", "cold_latency", "cold_latency_tmpfs", "hot_throughput", "always_throughput", "disk_fsync_4k",
+            "meets", "load_avg_1m_start", "load_avg_1m_end")
     print(json.dumps({k: out[k] for k in keys}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -33,7 +33,6 @@ Run alone: ``python -m benchmarks.fanout_bench [--quick] [--profile]``; normally
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import tempfile
@@ -46,12 +45,13 @@ import psutil
 
 from fanout import log as fanout_log
 
-from .common import grouped_bars, machine_info, pyplot, raise_nofile_limit, save_figure, versions, write_result
+from .harness.cluster import BENCH_CONFIG, EmbeddedCluster, filesystem_of
+from .harness.plots import grouped_bars, machine_title, pyplot, save_figure
+from .harness.processes import raise_nofile_limit
+from .harness.profiles import finish_profiles, py_spy, start_profiles
+from .harness.report import at_least, at_most, attempt, get, median_run, ratio
+from .harness.results import bench_parser, log, result_name, run_header, save_result
 from .scenarios import phases
-from .scenarios.cluster import (
-    BENCH_CONFIG, LOG_LEVEL, EmbeddedCluster, filesystem_of, finish_profiles, py_spy, start_profiles,
-)
-from .scenarios.report import at_least, at_most, attempt, dirty_sources, get, log, median_run, ratio
 
 NAME = "fanout_bench"
 TARGETS = {"deliveries_per_s_min": 20_000, "first_delivery_p99_ms_max": 50.0, "trigger_durable_s_max": 3.0,
@@ -272,9 +272,7 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
         per[key] = [cpu.get(r, 0.0) / n * 1e6 if n else None for r in roles]
     grouped_bars(axes[1][1], list(roles), per, ylabel="CPU us / delivery", fmt="{:,.0f}",
                  title="Cluster CPU per delivery, by process (lower is better)")
-    m = result["machine"]
-    fig.suptitle(f"{name} ({result['mode']}) - {m['cpu_model']}, {m['logical_cpus']} CPUs; cluster, fleet and "
-                 "platform share the machine", fontsize=10)
+    machine_title(fig, result, name, "cluster, fleet and platform share the machine")
     return save_figure(fig, name, out_dir)
 
 
@@ -292,15 +290,13 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, profile: bool
         The result object written to JSON.
     """
     s = QUICK if quick else FULL
-    name = f"{NAME}_quick" if quick else NAME
+    name = result_name(NAME, quick)
     fanout_log.configure(level="warning")  # the platform client logs every connect at info
     soft, hard = raise_nofile_limit()
     started = time.time()
     errors: dict[str, str] = {}
     result: dict[str, Any] = {
-        "name": name, "mode": "quick" if quick else "full",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": machine_info(), "versions": {**versions(), "uncommitted": dirty_sources()},
+        **run_header(name, quick, started),
         "params": {**asdict(s), "nofile_soft": soft, "nofile_hard": hard, "fleet": "scripts/fleet, 2 processes",
                    "platform": "fanout.client.FanoutClient (dev login), stamped payloads"},
         "targets": TARGETS,
@@ -354,7 +350,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, profile: bool
             result["cluster"] = {"startup_s": round(c.startup_s or 0, 2), "data_dir_fs": filesystem_of(c.data_dir),
                                  "dispatchers": len(c.pids("dispatcher")), "nodes": len(c.pids("node")),
                                  "shared_with_other_benchmarks": cluster is not None, "config": BENCH_CONFIG,
-                                 "log_level": LOG_LEVEL}
+                                 "log_level": c.log_level}
             ph = _phases(c, s, errors, profile)
     except Exception as exc:
         errors["cluster"] = f"{type(exc).__name__}: {exc}"
@@ -365,19 +361,13 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, profile: bool
     result["figures"], result["ratios"] = summarize(ph, (result.get("cluster") or {}).get("startup_s"))
     result["targets_met"] = check_targets(result["figures"], result["ratios"])
     result["errors"] = errors
-    result["duration_s"] = round(time.time() - started, 1)
-    path = write_result(name, result, out_dir)
-    result["json_path"] = str(path)
-    result["png_path"] = str(plot(result, name, out_dir))
-    log(NAME, f"wrote {path} and {result['png_path']} in {result['duration_s']} s")
+    save_result(name, result, plot, out_dir, started=started)
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fanout_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small numbers (CI smoke)")
+    parser = bench_parser(NAME, __doc__)
     parser.add_argument("--profile", action="store_true", help="py-spy the node and dispatchers (extra phases)")
-    parser.add_argument("--out-dir", default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     result = run(args.quick, out_dir=args.out_dir, profile=args.profile)
     for k, v in {**result["figures"], **result["ratios"], **result["targets_met"]}.items():

@@ -27,9 +27,9 @@ through ``python -m benchmarks.run``.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
+import functools
 import resource
 import time
 from dataclasses import asdict, dataclass
@@ -38,13 +38,14 @@ from typing import Any, Sequence
 
 from fanout import log as fanout_log
 
-from .common import (
-    FD_MARGIN, INFLIGHT_WINDOW, QUEUE_BOUND, SYSTEMS, PeerBroker, grouped_bars, machine_info, mosquitto_binary,
-    processes_for, pyplot, raise_nofile_limit, save_figure, versions, write_result,
-)
+from .harness.cluster import BENCH_CONFIG, EmbeddedCluster, filesystem_of
+from .harness.peers import INFLIGHT_WINDOW, QUEUE_BOUND, SYSTEMS, PeerBroker
+from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
+from .harness.processes import FD_MARGIN, processes_for, raise_nofile_limit
+from .harness.report import at_least, attempt, get, median_run, ratio
+from .harness.results import bench_parser, log, result_name, run_header, save_result
+from .harness.versions import mosquitto_binary
 from .scenarios import phases
-from .scenarios.cluster import BENCH_CONFIG, LOG_LEVEL, EmbeddedCluster, filesystem_of
-from .scenarios.report import at_least, attempt, dirty_sources, get, log, median_run, ratio
 from .scenarios.senders import NAIVE_WINDOW
 
 NAME = "fleet_bench"
@@ -162,7 +163,7 @@ def bench_system(system: str, s: Sizes, storm_n: int, errors: dict[str, str],
                 log(NAME, f"fanout cluster on port {target.port} (started in {target.startup_s:.1f} s)")
             out["version"] = target.version()
             if system == "fanout":
-                out["config"] = f"{BENCH_CONFIG}(FANOUT_LOG_LEVEL={LOG_LEVEL})"
+                out["config"] = f"{BENCH_CONFIG}(FANOUT_LOG_LEVEL={target.log_level})"
                 out["startup_s"] = round(target.startup_s or 0, 2)
                 out["data_dir_fs"] = filesystem_of(target.data_dir)
             idle = attempt(NAME, f"{system} idle", lambda: _idle(target, s.idle_s), errors, show=("idle_cpu_per_s",))
@@ -255,14 +256,9 @@ def check_targets(systems: dict[str, dict[str, Any]], ratios: dict[str, Any]) ->
 
 def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     """Per scenario and system: throughput, latency percentiles, ingest, connect rate, RSS, heartbeat CPU."""
-    plt = pyplot()
-    systems: dict[str, dict[str, Any]] = result["systems"]
+    fig, axes = pyplot().subplots(2, 3, figsize=(17, 9))
+    series = functools.partial(system_series, result["systems"])
     p = result["params"]
-    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
-
-    def series(keys: Sequence[str], scale: float = 1.0) -> dict[str, list[float | None]]:
-        return {sy: [f.get(k) * scale if isinstance(f.get(k), (int, float)) else None for k in keys]
-                for sy, f in systems.items()}
 
     grouped_bars(axes[0][0], [f"{p['requests']} x {p['vehicles']:,} vehicles", f"same, heartbeat storm\n"
                               f"({p['hb_requests']} x {p['hb_vehicles']:,}, {p['hb_rate']:,.0f} hb/s)"],
@@ -272,7 +268,7 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
                  series(["latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "hb_storm_latency_p99_ms"]),
                  ylabel="ms from the platform's send (log)", fmt="{:,.0f}", log=True,
                  title="(1)(4) Delivery latency percentiles (lower is better)")
-    ours = systems.get("fanout", {})
+    ours = result["systems"].get("fanout", {})
     sizes = [_ingest_key(n) for n in p["ingest_vins"]]
     grouped_bars(axes[0][2], [f"{k} VINs" for k in sizes],
                  {"one PUBLISH": [ours.get(f"ingest_{k}_raw_ack_s") for k in sizes],
@@ -288,9 +284,7 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     grouped_bars(axes[1][2], [f"{p['hb_vehicles']:,} vehicles, {p['hb_rate']:,.0f} hb/s"],
                  series(["cpu_us_per_heartbeat"]), ylabel="server CPU us / heartbeat (log)", fmt="{:,.1f}", log=True,
                  title="(4) Heartbeat storm: server CPU per heartbeat (lower is better)")
-    m = result["machine"]
-    fig.suptitle(f"{name} ({result['mode']}) - {m['cpu_model']}, {m['logical_cpus']} CPUs; server, mock fleet and "
-                 "platform share the machine", fontsize=10)
+    machine_title(fig, result, name, "server, mock fleet and platform share the machine")
     return save_figure(fig, name, out_dir)
 
 
@@ -361,7 +355,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         The result object written to JSON.
     """
     s = QUICK if quick else FULL
-    name = f"{NAME}_quick" if quick else NAME
+    name = result_name(NAME, quick)
     if set(scenarios) != set(SCENARIOS):  # a subset must not overwrite the full run's results
         name += "_" + "_".join(sc for sc in SCENARIOS if sc in scenarios)
     fanout_log.configure(level="warning")
@@ -370,9 +364,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     started = time.time()
     errors: dict[str, str] = {}
     result: dict[str, Any] = {
-        "name": name, "mode": "quick" if quick else "full",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": machine_info(), "versions": {**versions(), "uncommitted": dirty_sources()},
+        **run_header(name, quick, started),
         "params": {**asdict(s), "storm_vehicles_used": storm_n, "storm_limit": storm_reason, "nofile_soft": soft,
                    "nofile_hard": hard, "naive_window": NAIVE_WINDOW, "broker_inflight_window": INFLIGHT_WINDOW,
                    "mosquitto_installed": mosquitto_binary() is not None, "scenarios": list(scenarios)},
@@ -392,21 +384,15 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     result["ratios"] = compute_ratios(result["systems"])
     result["targets_met"] = check_targets(result["systems"], result["ratios"])
     result["errors"] = errors
-    result["duration_s"] = round(time.time() - started, 1)
-    path = write_result(name, result, out_dir)
-    result["json_path"] = str(path)
-    result["png_path"] = str(plot(result, name, out_dir))
-    log(NAME, f"wrote {path} and {result['png_path']} in {result['duration_s']} s")
+    save_result(name, result, plot, out_dir, started=started)
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small numbers (CI smoke)")
+    parser = bench_parser(NAME, __doc__)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
                         help="scenarios to run (fanout, scenario 1, always runs)")
-    parser.add_argument("--out-dir", default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     result = run(args.quick, systems=args.systems, out_dir=args.out_dir, scenarios=args.scenarios)
     for key, value in {**result["ratios"], **result["targets_met"]}.items():

@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.gc_bench [--rows N] [--shards K] [--quick]`` (default 10,000,000 rows over 4
 shards; ``--quick``: 100,000), also ``python -m benchmarks.run --only gc``. Writes
-``benchmarks/results/gc_bench.json`` and ``gc_bench.png`` (``gc_bench_pipelined.*`` with ``--pipeline``).
+``benchmarks/results/gc_bench.json`` and ``gc_bench.png`` (``gc_bench_pipelined.*`` with ``--pipeline``,
+``*_quick.*`` with ``--quick``).
 
 Data set (built with ``enqueue_many`` batches of <= 1M VINs, not timed): a fleet of N/5 VINs and five
 requests to every VIN (r0, r1 older than the 7-day retention, r2-r4 young; the blob of r4 is a
@@ -19,7 +20,6 @@ process and of the Spark JVM are recorded (CPU seconds do not depend on the load
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import pyplot, results_dir, save_figure, write_result
+from .harness.plots import label_bars, pyplot, save_figure
+from .harness.results import bench_parser, load_avg, log, result_name, save_result
 
+NAME = "gc_bench"
 DAY = 86_400_000
 NOW = 1_800_000_000_000
 RETENTION = 7 * DAY
@@ -76,7 +78,7 @@ def build(data_dir: Path, rows: int, shards: int) -> dict[str, Any]:
 
 
 def run(quick: bool = False, *, rows: int | None = None, shards: int = 4, data_dir: str | None = None,
-        keep: bool = False, pipeline: bool = False) -> dict[str, Any]:
+        keep: bool = False, pipeline: bool = False, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Build the shards, run one GC cycle, write JSON and PNG; returns the result dict."""
     os.environ.setdefault("FANOUT_LOG_LEVEL", "warning")
     from fanout import log as fanout_log
@@ -90,11 +92,11 @@ def run(quick: bool = False, *, rows: int | None = None, shards: int = 4, data_d
     root = Path(data_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "sdv-gc-bench")
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    load_start = os.getloadavg()
+    load_start = load_avg()[0]
     started = time.perf_counter()
-    print(f"[gc_bench] building {n:,} ids rows over {shards} shards in {root} ...", flush=True)
+    log(NAME, f"building {n:,} ids rows over {shards} shards in {root} ...")
     built = build(root / "data", n, shards)
-    print(f"[gc_bench] filled in {built['fill_s']:.1f}s; starting Spark", flush=True)
+    log(NAME, f"filled in {built['fill_s']:.1f}s; starting Spark")
     t0 = time.perf_counter()
     spark = get_spark(conf={"spark.driver.memory": "4g"})
     spark_start = time.perf_counter() - t0
@@ -104,7 +106,7 @@ def run(quick: bool = False, *, rows: int | None = None, shards: int = 4, data_d
     def progress(stage: str, done: int, total: int) -> None:
         if stage != last["stage"]:
             last["stage"] = stage
-            print(f"[gc_bench] {stage} ...", flush=True)
+            log(NAME, f"{stage} ...")
 
     cpu0 = _cpu_seconds()
     summary = run_gc_cycle(root / "data", config=cfg, now_ms=NOW, spark=spark, progress=progress,
@@ -138,18 +140,15 @@ def run(quick: bool = False, *, rows: int | None = None, shards: int = 4, data_d
         "skipped": summary.skipped,
         "content_dup_groups": summary.content_dup_groups,
         "fill_s": round(built["fill_s"], 3),
-        "load_avg_1m_start": round(load_start[0], 2),
-        "load_avg_1m_end": round(os.getloadavg()[0], 2),
+        "load_avg_1m_start": load_start,
+        "load_avg_1m_end": load_avg()[0],
         "cpus": os.cpu_count(),
         "duration_s": round(time.perf_counter() - started, 1),
     }
     result["targets"] = {"cycle_s": TARGET_CYCLE_S, "export_rows_per_s": TARGET_EXPORT_ROWS_S}
     result["targets_met"] = {"cycle_le_120s": result["cycle_s"] <= TARGET_CYCLE_S,
                              "export_ge_500k_rows_s": result["export_rows_per_s"] >= TARGET_EXPORT_ROWS_S}
-    name = "gc_bench_pipelined" if pipeline else "gc_bench"
-    result["json_path"] = str(results_dir() / f"{name}.json")
-    result["png_path"] = str(plot(result, name))
-    write_result(name, result)
+    save_result(result_name(f"{NAME}_pipelined" if pipeline else NAME, quick), result, plot, out_dir)
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return result
@@ -172,15 +171,14 @@ def _cpu_seconds() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, jvm
 
 
-def plot(result: dict[str, Any], name: str = "gc_bench") -> Path:
+def plot(result: dict[str, Any], name: str = "gc_bench", out_dir: str | Path | None = None) -> Path:
     """Bar chart of the stage times and the export rate against the targets."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 1]})
     names = ["export", "spark start", "plan", "apply", "cycle"]
     values = [result["export_s"], result["spark_start_s"], result["plan_s"], result["apply_s"], result["cycle_s"]]
     bars = ax1.bar(names, values, color=["#1f77b4", "#bbbbbb", "#ff7f0e", "#2ca02c", "#9467bd"])
-    for bar, v in zip(bars, values):
-        ax1.annotate(f"{v:,.1f}s", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    label_bars(ax1, bars, [f"{v:,.1f}s" for v in values])
     ax1.axhline(TARGET_CYCLE_S, color="red", linestyle="--", linewidth=1, label="cycle target 120 s")
     ax1.set_ylabel("seconds")
     mode = "pipelined" if result["pipeline"] else "stage by stage"
@@ -190,18 +188,16 @@ def plot(result: dict[str, Any], name: str = "gc_bench") -> Path:
     ax1.legend(fontsize=7)
     rate = [result["export_rows_per_s"], result["export_ids_rows_per_s"]]
     bars = ax2.bar(["all tables", "ids only"], rate, color="#1f77b4")
-    for bar, v in zip(bars, rate):
-        ax2.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    label_bars(ax2, bars, [f"{v:,.0f}" for v in rate])
     ax2.axhline(TARGET_EXPORT_ROWS_S, color="red", linestyle="--", linewidth=1, label="target 500k rows/s")
     ax2.set_ylabel("export rows/s")
     ax2.legend(fontsize=7)
-    return save_figure(fig, name)
+    return save_figure(fig, name, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gc_bench", description=__doc__.split("\n")[0])
+    parser = bench_parser(NAME, __doc__, quick_help=f"{QUICK_ROWS:,} rows")
     parser.add_argument("--rows", type=int, default=None, help=f"ids rows (default {FULL_ROWS:,})")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows")
     parser.add_argument("--shards", type=int, default=4, help="shards (default 4)")
     parser.add_argument("--data-dir", default=None, help="scratch directory (default $TMPDIR/sdv-gc-bench)")
     parser.add_argument("--keep", action="store_true", help="keep the shards and the export afterwards")
@@ -209,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="overlap the shards' stages (default: one stage after the other, exact stage times)")
     args = parser.parse_args(argv)
     result = run(args.quick, rows=args.rows, shards=args.shards, data_dir=args.data_dir, keep=args.keep,
-                 pipeline=args.pipeline)
+                 pipeline=args.pipeline, out_dir=args.out_dir)
     for key in FIGURES:
         print(f"{key:>24}: {result.get(key)}")
     print(f"{'targets_met':>24}: {result['targets_met']}")

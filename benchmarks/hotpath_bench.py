@@ -1,4 +1,4 @@
-"""Ray-free hot path of one delivery: the node's FanoutEdge + broker core and the dispatchers' ShardCores.
+"""Ray-free hot path of one delivery: the node's NodeCore + broker core and the dispatchers' DispatcherCores.
 
 What it measures: CPU µs per delivery on each side of the Ray boundary, with real LMDB shards and the
 in-memory broker (no sockets, no Ray, no fleet), so a change to the per-delivery cost shows up without
@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from fanout import log as fanout_log
-from fanout.config import load_config
-from fanout.edge import FanoutEdge
+from benchmarks.local_link import LocalShardLink
+from fanout.config import load_config, mqtt_settings
+from fanout.dispatcher.core import DispatcherCore
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.packets import Connect, Puback, Publish, Subscribe
-from fanout.shard_core import LocalShardLink, ShardCore
+from fanout.node.core import NodeCore
 from storage import ShardStore
 
 PREFIX = "agent/{VIN}/proxy/request"
@@ -50,9 +51,9 @@ class HotPath:
         cfg = load_config(None, env={}).replace("mqtt", sys_interval="0s", max_connections=vehicles + 10,
                                                 max_platform_packet_size="64MiB")
         self.stores = [ShardStore(root / f"shard-{k}", k, sync=sync) for k in range(shards)]
-        self.cores = [ShardCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
-        self.edge = FanoutEdge(cfg, "n0", LocalShardLink(self.cores))
-        self.broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), self.edge, now_ms=1)
+        self.cores = [DispatcherCore(s, k, shards, started_ms=0) for k, s in enumerate(self.stores)]
+        self.edge = NodeCore(cfg, "n0", LocalShardLink(self.cores))
+        self.broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), self.edge, now_ms=1)
         self.edge.attach(self.broker)
         self.vins = [f"WVW{i:014d}" for i in range(vehicles)]
         self.conns: dict[str, Any] = {}

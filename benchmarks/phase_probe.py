@@ -23,10 +23,11 @@ from typing import Any
 
 from fanout import log as fanout_log
 
-from .common import raise_nofile_limit
+from .harness.cluster import LOG_LEVEL, EmbeddedCluster
+from .harness.processes import raise_nofile_limit
+from .harness.profiles import finish_profiles, start_profiles
+from .harness.results import load_avg
 from .scenarios import phases
-from .scenarios import cluster as bench_cluster
-from .scenarios.cluster import EmbeddedCluster, finish_profiles, start_profiles
 
 KEYS = ("deliveries_per_s", "steady_deliveries_per_s", "first_delivery_p50_ms", "first_delivery_p99_ms",
         "first_delivery_ms_per_request", "server_cpu_us_per_delivery", "fleet_cpu_s", "deliveries", "duplicates",
@@ -34,7 +35,7 @@ KEYS = ("deliveries_per_s", "steady_deliveries_per_s", "first_delivery_p50_ms", 
 
 
 def _status(c: EmbeddedCluster) -> Any:
-    out = subprocess.run([sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())", "status", "--data-dir", str(c.data_dir)],
+    out = subprocess.run([sys.executable, "-m", "cluster.cli", "status", "--data-dir", str(c.data_dir)],
                          capture_output=True, text=True, timeout=120)
     try:
         st = json.loads(out.stdout)
@@ -87,21 +88,17 @@ def main(argv: list[str]) -> None:
     fanout_log.configure(level="warning")
     raise_nofile_limit()
     debug = bool(os.environ.get("PHASE_PROBE_DEBUG"))
-    if debug:
-        bench_cluster.LOG_LEVEL = "debug"
-    with EmbeddedCluster() as c:
+    with EmbeddedCluster(log_level="debug" if debug else LOG_LEVEL) as c:
         for what in argv or ["realtime"]:
-            load = os.getloadavg()
+            load = load_avg()
             r = _phase(c, what)
             d = max(1, r.get("deliveries") or 1)
             cpu = {k: round(1e6 * v / d, 1) for k, v in (r.get("cpu_by_role_s") or {}).items()}
-            if debug and c._log is not None:
-                c._log.flush()
-                c._log.seek(0)
-                for line in c._log.readlines():
+            if debug:
+                for line in c.log_lines():
                     if "ingest round" in line or "ingest applied" in line or "ingest head" in line:
                         print(line.strip()[:400])
-            print(json.dumps({"phase": what, "loadavg_before": [round(x, 2) for x in load],
+            print(json.dumps({"phase": what, "loadavg_before": load,
                               **{k: r[k] for k in KEYS if k in r}, "us_per_delivery_by_role": cpu,
                               "status": _status(c), **({"profile": r["profile"]} if "profile" in r else {})}),
                   flush=True)

@@ -20,7 +20,6 @@ Run alone: ``python -m benchmarks.replication_bench [--quick]``; normally ``pyth
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -30,8 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import grouped_bars, pyplot, save_figure, write_result
+from .harness.plots import grouped_bars, pyplot, save_figure
+from .harness.results import bench_parser, load_avg, log, result_name, save_result
 
+NAME = "replication_bench"
 WINDOW = 8
 TARGET_COST = 0.30
 TARGET_FAILOVER_S = 5.0
@@ -103,9 +104,8 @@ def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
             for i in range(repeats):
                 for replicas, fanout in clusters.items():
                     out["runs"][f"r{replicas}"].append(round(_ingest_round(fanout.port, f"r{replicas}x{i}", triggers, per)))
-                out["load_avg_1m"].append(round(os.getloadavg()[0], 2))
-                print(f"[replication_bench] round {i}: " + ", ".join(f"{k}={v[-1]:,}" for k, v in out["runs"].items()),
-                      flush=True)
+                out["load_avg_1m"].append(load_avg()[0])
+                log(NAME, f"round {i}: " + ", ".join(f"{k}={v[-1]:,}" for k, v in out["runs"].items()))
             for replicas, fanout in clusters.items():
                 out[f"replication_r{replicas}"] = ray.get(fanout.controller.replication.remote(), timeout=30)
     finally:
@@ -119,7 +119,7 @@ def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 def _failover_once(tmp: Path) -> dict[str, Any]:
-    from fanout.wire import shard_of
+    from storage.keys import shard_of
     from tests.fault.harness import Fleet, Publisher, handles, kill_node, port_of, three_node_ray
     from tests.integration.fanout_harness import running_cluster
 
@@ -178,7 +178,7 @@ def failover_phase(repeats: int) -> dict[str, Any]:
     for i in range(repeats):
         with tempfile.TemporaryDirectory(prefix="repl-fo-") as tmp:
             r = _failover_once(Path(tmp))
-        print(f"[replication_bench] failover run {i}: {r}", flush=True)
+        log(NAME, f"failover run {i}: {r}")
         runs.append(r)
     ok = [r for r in runs if r["failover_s"] is not None]
     return {"runs": runs, "failover_timeout": FAILOVER_TIMEOUT, "heartbeat_interval": "200ms",
@@ -186,7 +186,7 @@ def failover_phase(repeats: int) -> dict[str, Any]:
             "promotion_s": statistics.median(r["promotion_s"] for r in ok) if ok else None}
 
 
-def plot(result: dict[str, Any], out_dir: str | Path | None) -> Path:
+def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     ing = result["ingest"]
@@ -199,7 +199,7 @@ def plot(result: dict[str, Any], out_dir: str | Path | None) -> Path:
                  {"fanout": [fo.get("failover_s"), fo.get("promotion_s")]}, ylabel="seconds",
                  title=f"Failover (failover_timeout {fo.get('failover_timeout')})", target=TARGET_FAILOVER_S,
                  target_label="5 s target", fmt="{:.2f}")
-    return save_figure(fig, "replication_bench", out_dir)
+    return save_figure(fig, name, out_dir)
 
 
 def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
 
     fanout_log.configure(level=os.environ["FANOUT_LOG_LEVEL"])
     started = time.perf_counter()
-    load_start = os.getloadavg()[0]
+    load_start = load_avg()[0]
     result: dict[str, Any] = {"mode": "quick" if quick else "full"}
     result["ingest"] = ingest_phase(quick, repeats=1 if quick else 7)
     result["failover"] = failover_phase(repeats=1 if quick else 3)
@@ -220,19 +220,16 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
         "replication_cost_le_30pct": all(c is not None and c <= TARGET_COST for c in (ing["cost_r1"], ing["cost_r2"])),
         "failover_le_5s": fo["failover_s"] is not None and fo["failover_s"] <= TARGET_FAILOVER_S,
     }
-    result["load_avg_1m_start"], result["load_avg_1m_end"] = load_start, os.getloadavg()[0]
+    result["load_avg_1m_start"], result["load_avg_1m_end"] = load_start, load_avg()[0]
     result["duration_s"] = round(time.perf_counter() - started, 1)
     result["command"] = "python -m benchmarks.replication_bench" + (" --quick" if quick else "")
-    result["png_path"] = str(plot(result, out_dir))
-    result["json_path"] = str(write_result("replication_bench", result, out_dir))
+    save_result(result_name(NAME, quick), result, plot, out_dir)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.replication_bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args(argv)
-    r = run(args.quick)
+    args = bench_parser(NAME, __doc__).parse_args(argv)
+    r = run(args.quick, out_dir=args.out_dir)
     for k, v in {**r["systems"]["fanout"], **r["targets_met"]}.items():
         print(f"{k}: {v}")
     return 0

@@ -18,7 +18,7 @@ import traceback
 from types import FrameType, ModuleType
 from typing import Any, Sequence
 
-from .common import raise_nofile_limit
+from .harness.processes import raise_nofile_limit
 
 # Registration: one module name per scenario group, run in this order.
 MODULES: tuple[str, ...] = ("broker_bench", "client_bench", "gc_bench", "fanout_bench", "fleet_bench",

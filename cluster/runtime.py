@@ -110,7 +110,7 @@ def init_ray(config: Any, address: str, *, log_to_driver: bool = True) -> bool:
     """
     import ray
 
-    from actors.controller import NAMESPACE
+    from actors.names import NAMESPACE, NODE_RESOURCE
 
     if ray.is_initialized():
         return False
@@ -119,7 +119,7 @@ def init_ray(config: Any, address: str, *, log_to_driver: bool = True) -> bool:
         cl = config.cluster
         use_private_token(config.storage.data_dir)
         ray.init(address="local", num_cpus=cl.num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                 object_store_memory=cl.object_store_memory_bytes, resources={"fanout_node": 1}, **common)
+                 object_store_memory=cl.object_store_memory_bytes, resources={NODE_RESOURCE: 1}, **common)
         return True
     ray.init(address=address, **common)
     return False
@@ -147,7 +147,8 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
     """
     import ray
 
-    from actors.controller import CONTROLLER_NAME, NAMESPACE, Controller
+    from actors.controller import Controller
+    from actors.names import CONTROLLER_NAME, NAMESPACE, remote_error_text
 
     name = name or CONTROLLER_NAME
     already = ray.is_initialized()
@@ -171,9 +172,8 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
     try:
         cluster.info = ray.get(controller.start.remote(), timeout=timeout_s)
     except Exception as exc:
-        cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
         cluster.stop(timeout_s=10.0)
-        raise RuntimeError(str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)) from None
+        raise RuntimeError(remote_error_text(exc)) from None
     write_address_file(config.storage.data_dir)
     log.info("fanout started", url=cluster.url, nodes=len(cluster.info["nodes"]), shards=cluster.info["shards"],
              startup_s=round(time.monotonic() - started, 2))
@@ -301,7 +301,7 @@ def connect(address: str, name: str | None = None) -> Any:
     """
     import ray
 
-    from actors.controller import CONTROLLER_NAME, NAMESPACE
+    from actors.names import CONTROLLER_NAME, NAMESPACE
 
     if not ray.is_initialized():
         _probe(address)
@@ -316,4 +316,25 @@ def connect(address: str, name: str | None = None) -> Any:
                            "(start one with `fanout up`)") from None
 
 
-__all__ = ["FanoutCluster", "init_ray", "start_fanout", "connect", "find_address", "write_address_file"]
+def call_controller(data_dir: str | os.PathLike[str] | None, address: str | None, method: str, *args: Any,
+                    timeout_s: float | None = None, **kwargs: Any) -> Any:
+    """Join the running cluster (see :func:`find_address`) and return ``Controller.<method>(*args, **kwargs)``.
+
+    The one way the command line reaches a running cluster: ``fanout status``, ``inspect`` and ``gc --live``.
+
+    Raises:
+        RuntimeError: no cluster found, or the call failed; the message is the remote error's own last
+            line, not Ray's traceback wrapper.
+    """
+    import ray
+
+    from actors.names import remote_error_text
+
+    controller = connect(find_address(data_dir, address))
+    try:
+        return ray.get(getattr(controller, method).remote(*args, **kwargs), timeout=timeout_s)
+    except ray.exceptions.RayTaskError as exc:
+        raise RuntimeError(remote_error_text(exc)) from None
+
+
+__all__ = ["FanoutCluster", "init_ray", "start_fanout", "connect", "call_controller", "find_address", "write_address_file"]

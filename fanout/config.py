@@ -9,20 +9,18 @@ message the operator can act on.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from fanout.mqtt.settings import AclRule, ConfigError, MQTTSettings, UserConfig
 from fanout.units import UnitError, format_duration_ms, format_size_bytes, parse_duration_ms, parse_size_bytes
 
 ROLES = ("platform", "vehicle", "client", "admin")
 ACL_ACTIONS = ("publish", "subscribe")
-
-
-class ConfigError(ValueError):
-    """A config file, key or value that cannot be used; the message names it."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,24 +165,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "object_store_memory": Field("object_store_memory_bytes", "256MiB", _size(78 << 20), "object store of a local Ray instance"),
     },
 }
-
-
-@dataclass(frozen=True, slots=True)
-class UserConfig:
-    name: str
-    password_hash: str
-    role: str
-
-
-@dataclass(frozen=True, slots=True)
-class AclRule:
-    """One extra ACL rule: first matching rule wins, before the role's built-in rules."""
-
-    action: str
-    topic: str
-    allow: bool
-    role: str | None = None
-    user: str | None = None
 
 
 class Section:
@@ -385,9 +365,32 @@ def _parse_acl(raw: Any) -> tuple[AclRule, ...]:
     return tuple(rules)
 
 
+# MQTTSettings fields that do not come from the [mqtt] section of the same name
+_NOT_FROM_MQTT_SECTION = frozenset({"vehicle_client_id", "users", "acl"})
+
+
+def mqtt_settings(config: Config) -> MQTTSettings:
+    """The MQTT package's settings (:class:`fanout.mqtt.settings.MQTTSettings`) from a loaded config.
+
+    Every other field is the ``[mqtt]`` value of the same attribute name (already in ms or bytes); the
+    vehicle client-id rule is the project's one VIN rule, ``storage.keys.VIN_RE``.
+
+    Args:
+        config: the loaded configuration.
+
+    Returns:
+        The settings to pass to ``MQTTServer``, ``Broker`` and ``AccessControl``.
+    """
+    from storage.keys import VIN_RE  # here, not at the top: importing the storage package costs ~0.2 s
+
+    m = config.mqtt
+    plain = {f.name: getattr(m, f.name) for f in dataclasses.fields(MQTTSettings) if f.name not in _NOT_FROM_MQTT_SECTION}
+    return MQTTSettings(vehicle_client_id=VIN_RE, users=tuple(config.users.values()), acl=config.acl, **plain)
+
+
 def config_fields_doc() -> list[tuple[str, str, Any, str]]:
     """(section, key, default, doc) rows for documentation."""
     return [(s, k, f.default, f.doc) for s, keys in SCHEMA.items() for k, f in keys.items()]
 
 
-__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "ROLES", "SCHEMA"]
+__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "mqtt_settings", "ROLES", "SCHEMA"]

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import json
 import re
-import string
 from dataclasses import dataclass
+
+from storage.keys import ISO_VIN_CHARS, ISO_VIN_LEN, ISO_VIN_RE, VIN_CHARS, VIN_MAX_LEN, VIN_RE
 
 DATA_TOPIC_PREFIX = "$SDV-FANOUT/data/"
 TRIGGER_TOPIC = "$SDV-FANOUT/trigger"
@@ -42,16 +43,10 @@ ERRORS_TOPIC_PREFIX = "$SDV-FANOUT/errors/"
 
 DEFAULT_MAX_BATCH = 1_000_000
 DEFAULT_MAX_ID_LEN = 128
-VIN_MAX_LEN = 64
-ISO_VIN_LEN = 17
-
 _KEYS = ("data_id", "ids", "request_id")
-_VIN_ALLOWED = string.ascii_letters + string.digits + "_-"
-_ISO_VIN_ALLOWED = "ABCDEFGHJKLMNPRSTUVWXYZ0123456789"  # ISO 3779: A-Z except I, O, Q; 0-9
-_VIN_ALLOWED_BYTES = (_VIN_ALLOWED + "\n").encode()
-_ISO_VIN_ALLOWED_BYTES = (_ISO_VIN_ALLOWED + "\n").encode()
-_VIN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_ISO_VIN_RE = re.compile(r"[A-HJ-NPR-Z0-9]{17}")
+# The VIN rule is storage.keys.VIN_RE (ISO_VIN_RE with strict_vin); the bulk check uses its alphabets.
+_VIN_ALLOWED_BYTES = (VIN_CHARS + "\n").encode()
+_ISO_VIN_ALLOWED_BYTES = (ISO_VIN_CHARS + "\n").encode()
 # Topic-level hazards: NUL and the other C0 controls, DEL and C1 controls, level separator and wildcards.
 _BAD_ID_CHAR = re.compile(r"[\x00-\x1f\x7f-\x9f/+#]")
 _SHOW = 40  # characters of an offending value quoted in an error reason
@@ -253,7 +248,7 @@ def _bulk_ok(ids: list[object], strict: bool) -> bool:
 
 def _first_bad_vin(ids: list[object], strict: bool) -> tuple[int, str]:
     """Locate and explain the first invalid VIN (slow path, only after the bulk check failed)."""
-    pattern = _ISO_VIN_RE if strict else _VIN_RE
+    pattern = ISO_VIN_RE if strict else VIN_RE
     for index, vin in enumerate(ids):
         if not isinstance(vin, str):
             return index, f"expected a string, got {_json_type(vin)}"
@@ -268,7 +263,7 @@ def _first_bad_vin(ids: list[object], strict: bool) -> tuple[int, str]:
             return index, "empty VIN"
         if len(vin) > VIN_MAX_LEN:
             return index, f"{len(vin)} characters, more than the limit of {VIN_MAX_LEN}"
-        position = next(i for i, ch in enumerate(vin) if ch not in _VIN_ALLOWED)
+        position = next(i for i, ch in enumerate(vin) if ch not in VIN_CHARS)
         return index, (
             f"character {vin[position]!r} at position {position} is not allowed "
             "(A-Z, a-z, 0-9, '_' and '-' only)"

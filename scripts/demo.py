@@ -12,7 +12,7 @@ The demo, with third-party MQTT clients (paho-mqtt):
 5. a summary (deliveries, latency, ``fanout status`` totals), then the cluster keeps running until
    Ctrl-C (or exits at once with ``--exit-after-demo``, for CI).
 
-Usage: ``python scripts/demo.py [--config F] [--port P] [--data-dir D] [--exit-after-demo]``.
+Usage: ``python -m scripts.demo [--config F] [--port P] [--data-dir D] [--exit-after-demo]``.
 """
 from __future__ import annotations
 
@@ -23,12 +23,9 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import paho.mqtt.client as mqtt  # noqa: E402
+import paho.mqtt.client as mqtt
 
 VINS = ["WVWZZZ1JZXW000001", "WVWZZZ1JZXW000002", "WVWZZZ1JZXW000003", "WVWZZZ1JZXW000004", "WVWZZZ1JZXW000005"]
 LATE_VIN = "WVWZZZ1JZXW000006"
@@ -134,7 +131,7 @@ def run_demo(cluster: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="TOML config file")
     parser.add_argument("--host", default=None, help="MQTT listener address (default mqtt.host)")
     parser.add_argument("--port", type=int, default=None, help="MQTT port (default mqtt.port; 0 = any free port)")

@@ -15,14 +15,13 @@ On a failure the script prints the reproducer (seed, block, index, input hex, ch
 exits 1, and ``--replay HEX --chunks 3,5,...`` re-runs that single input. Output: a progress line
 every ~100k inputs on stderr, then one JSON summary on stdout.
 
-Usage: python scripts/fuzz_codec.py --iterations 1000000 --seed 1 --workers 2
+Usage: python -m scripts.fuzz_codec --iterations 1000000 --seed 1 --workers 2
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing
-import os
 import random
 import sys
 import time
@@ -30,11 +29,9 @@ import traceback
 from collections import Counter
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from fanout.mqtt.codec import PacketReader, decode, encode  # noqa: E402
-from fanout.mqtt.errors import NeedData, ProtocolError  # noqa: E402
-from fanout.mqtt.packets import (  # noqa: E402
+from fanout.mqtt.codec import PacketReader, decode, encode
+from fanout.mqtt.errors import NeedData, ProtocolError
+from fanout.mqtt.packets import (
     DISCONNECT, PINGREQ, PINGRESP, Connack, Connect, Packet, Puback, Pubcomp, Publish, Pubrec,
     Pubrel, Suback, Subscribe, Unsuback, Unsubscribe, Will,
 )
@@ -196,7 +193,7 @@ def run_block(args: tuple[int, int, int]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.fuzz_codec", description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1)
@@ -230,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(failure["traceback"], file=sys.stderr)
                 print(json.dumps({k: v for k, v in failure.items() if k != "traceback"}),
                       file=sys.stderr)
-                print(f"reproduce: python scripts/fuzz_codec.py --replay {failure['input_hex']} "
+                print(f"reproduce: python -m scripts.fuzz_codec --replay {failure['input_hex']} "
                       f"--chunks {','.join(map(str, failure['chunks']))}", file=sys.stderr)
                 return 1
             total.update(result["counts"])

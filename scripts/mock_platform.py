@@ -3,12 +3,12 @@
 Strategy: the real client (:class:`fanout.client.FanoutClient`) does the sending, so this script
 exercises exactly what a platform would: blob on ``$SDV-FANOUT/data/<data_id>``, triggers on
 ``$SDV-FANOUT/trigger`` (split at ``--max-batch`` VINs), QoS 1, durable outbox. The VINs come from the
-same generator as ``mock_vehicles.py`` (``--vin-prefix``/``--count``) or a file. Each request's payload
+same generator as ``scripts.mock_vehicles`` (``--vin-prefix``/``--count``) or a file. Each request's payload
 is ``--payload-size`` bytes: the 12-byte send-time header of ``scripts/fleet/payload.py`` (stamped just
 before ``submit``) then random bytes, so the fleet measures end-to-end latency; ``--payload-file`` is
 sent unchanged (the fleet then measures from the first delivery). Request ids are ``<request-id>``
 for one request and ``<request-id>-000001``, ``-000002`` ... for several, so they sort in submission
-order (the cluster breaks equal timestamps by request id) and ``mock_vehicles.py --expect-order``
+order (the cluster breaks equal timestamps by request id) and ``scripts.mock_vehicles --expect-order``
 without a file checks them; ``--order-file`` writes them for ``--expect-order FILE``.
 
 Requests are submitted one after another without waiting (the client keeps them in order and
@@ -22,10 +22,10 @@ Exit status: 0 all acknowledged, 1 a rejection, dead letter, timeout or other er
 
 Examples::
 
-    python scripts/mock_platform.py --username platform --password platform --count 1000
-    python scripts/mock_platform.py --port 1883 --vin-prefix SIM --count 100000 --requests 10 \\
+    python -m scripts.mock_platform --username platform --password platform --count 1000
+    python -m scripts.mock_platform --port 1883 --vin-prefix SIM --count 100000 --requests 10 \\
         --payload-size 4096 --request-id bench --order-file order.txt
-    python scripts/mock_platform.py --vins vins.txt --payload-file firmware.bin --request-id ota-42
+    python -m scripts.mock_platform --vins vins.txt --payload-file firmware.bin --request-id ota-42
 """
 from __future__ import annotations
 
@@ -41,17 +41,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scripts.fleet.payload import HEADER_SIZE, stamp  # noqa: E402
-from scripts.fleet.vins import add_vin_arguments, vins_from_args  # noqa: E402
+from scripts.fleet.payload import HEADER_SIZE, stamp
+from scripts.fleet.vins import add_vin_arguments, vins_from_args
 
 MAX_LISTED_IDS = 20
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(prog="python -m scripts.mock_platform", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--host", default="127.0.0.1", help="cluster MQTT host (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=1883, help="cluster MQTT port (default 1883)")

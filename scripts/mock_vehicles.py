@@ -15,7 +15,7 @@ P processes that report to this one (default: as many as the hard ``RLIMIT_NOFIL
 below a process's share of vehicles stops the run with a message.
 
 Latency uses the payload header of ``scripts/fleet/payload.py`` (12 bytes: ``b"SDVt"`` + send time in
-µs since the epoch, big-endian) that ``mock_platform.py`` stamps; a delivery without it is measured from
+µs since the epoch, big-endian) that ``scripts.mock_platform`` stamps; a delivery without it is measured from
 the first delivery of the same request.
 
 Summary (stdout, and ``--summary FILE``): vehicles, seconds, stop_reason (expect, duration, timeout,
@@ -29,31 +29,29 @@ Exit status: 0 complete, 1 an ``--expect`` not reached or a process failed, 2 ba
 
 Examples::
 
-    python scripts/mock_vehicles.py --count 1000 --duration 60
-    python scripts/mock_vehicles.py --count 100000 --connect-rate 5000 --heartbeat-interval 60
-    python scripts/mock_vehicles.py --vin-prefix CAR --count 10000 --expect 100000 --timeout 600 \\
+    python -m scripts.mock_vehicles --count 1000 --duration 60
+    python -m scripts.mock_vehicles --count 100000 --connect-rate 5000 --heartbeat-interval 60
+    python -m scripts.mock_vehicles --vin-prefix CAR --count 10000 --expect 100000 --timeout 600 \\
         --expect-order --summary fleet.json
-    python scripts/mock_vehicles.py --count 50 --persistent --crash-rate 0.1 --ack-delay 0.05 --ack-jitter 0.02
+    python -m scripts.mock_vehicles --count 50 --persistent --crash-rate 0.1 --ack-delay 0.05 --ack-jitter 0.02
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scripts.fleet.runner import run_fleet  # noqa: E402
-from scripts.fleet.vins import add_vin_arguments, vins_from_args  # noqa: E402
-from scripts.fleet.options import FleetError, FleetOptions, processes_needed  # noqa: E402
+from scripts.fleet.options import FleetError, FleetOptions, processes_needed
+from scripts.fleet.runner import run_fleet
+from scripts.fleet.vins import add_vin_arguments, vins_from_args
 
 __all__ = ["run_fleet", "FleetOptions", "FleetError", "main", "options_from_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser (flags mirror :class:`FleetOptions`)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(prog="python -m scripts.mock_vehicles", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     d = FleetOptions()
     b = p.add_argument_group("broker")

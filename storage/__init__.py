@@ -4,7 +4,10 @@ Public API (see each module for its strategy):
 - ``storage.keys``: ``shard_of``, ``ids_key``/``decode_ids_key``, ``vin_prefix``, ``reqs_key``/...
 - ``storage.batch.WriteBatch``: the unit of mutation and of replication.
 - ``storage.shard.ShardStore``: one LMDB environment per shard; ``apply`` + read verbs + snapshots.
-- ``storage.replication``: ``ReplicationLog``, ``ReplicaApplier``, ``ShardPrimary``, ``Ack``/``Need``/``Rejected``.
+- ``storage.replication_protocol``: both ends' rules: ``ReplicationLog``, ``ShardPrimary``, ``ReplicaApplier``,
+  ``Ack``/``Need``/``Rejected``.
+- ``storage.replica_shipper.Replicator``: the primary's asyncio pipeline shipping batches to its replicas.
+- ``storage.batch_apply``: executes a batch's ops inside ``ShardStore.apply``'s transaction.
 - ``storage.errors``: ``StoreError`` and subclasses.
 """
 from storage.batch import WriteBatch
@@ -19,9 +22,9 @@ from storage.errors import (
 )
 from storage.keys import shard_of
 from storage.reader import QueueRow
+from storage.replication_protocol import Ack, Need, Rejected, ReplicaApplier, ReplicationLog, ShardPrimary, Shipment
 from storage.shard import ApplyResult, ShardStore, shard_dir
 from storage.snapshot import SnapshotInfo, SnapshotView
-from storage.replication import Ack, Need, Rejected, ReplicaApplier, ReplicationLog, ShardPrimary, Shipment
 
 __all__ = [
     "Ack",

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import string
 import struct
 import zlib
+from typing import Iterable
 
 SEP = b"\x00"
 MAX_VIN_BYTES = 128
@@ -37,9 +39,14 @@ _LONG_TOPIC_TAG = b"\x00"
 
 # The one VIN rule of the project (trigger validation, the vehicle role's client id, the dispatchers'
 # choice of which client ids are vehicles): a client-id-safe token. ``strict_vins`` in the trigger uses the
-# ISO 3779 form instead (17 characters, no I, O or Q).
-VIN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-ISO_VIN_RE = re.compile(r"[A-HJ-NPR-Z0-9]{17}")
+# ISO 3779 form instead (17 characters, no I, O or Q). The alphabets and lengths are exported for the
+# trigger's bulk check of a million VINs, which cannot afford a regex match per VIN.
+VIN_CHARS = string.ascii_letters + string.digits + "_-"
+VIN_MAX_LEN = 64
+ISO_VIN_CHARS = "ABCDEFGHJKLMNPRSTUVWXYZ0123456789"  # ISO 3779: A-Z except I, O, Q; 0-9
+ISO_VIN_LEN = 17
+VIN_RE = re.compile(f"[{re.escape(VIN_CHARS)}]{{1,{VIN_MAX_LEN}}}")
+ISO_VIN_RE = re.compile(f"[{ISO_VIN_CHARS}]{{{ISO_VIN_LEN}}}")
 
 
 def is_vin(client_id: str) -> bool:
@@ -63,6 +70,31 @@ def shard_of(key: str, shards: int) -> int:
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     return zlib.crc32(key.encode()) % shards
+
+
+def split_by_shard(vins: Iterable[str], shards: int) -> list[list[str]]:
+    """Bucket VINs by :func:`shard_of`, keeping their order within each bucket (a trigger's VINs).
+
+    Args:
+        vins: the VINs of one trigger.
+        shards: number of shards (>= 1).
+
+    Returns:
+        ``shards`` lists; list ``k`` holds the VINs with ``shard_of(vin, shards) == k``.
+
+    Raises:
+        ValueError: ``shards`` < 1.
+    """
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    if shards == 1:
+        return [list(vins)]
+    buckets: list[list[str]] = [[] for _ in range(shards)]
+    appends = [b.append for b in buckets]
+    crc = zlib.crc32  # shard_of inlined: a million VINs per trigger
+    for vin in vins:
+        appends[crc(vin.encode()) % shards](vin)
+    return buckets
 
 
 def check_vin(vin: str) -> bytes:

@@ -31,7 +31,7 @@ import lmdb
 import structlog
 
 from storage import snapshot, tables
-from storage.apply import Dbs, apply_ops
+from storage.batch_apply import Dbs, apply_ops
 from storage.batch import WriteBatch, gc_paused
 from storage.errors import FencedError, SequenceError, StoreClosedError, StoreError, StoreFullError
 from storage.guard import ResizeGuard

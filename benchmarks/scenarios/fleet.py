@@ -21,21 +21,15 @@ import asyncio
 import dataclasses
 import itertools
 import math
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # ``scripts`` is a namespace package under the repository root
-    sys.path.insert(0, str(REPO))
-
-from scripts.fleet.options import FleetOptions  # noqa: E402
-from scripts.fleet.payload import HEADER_SIZE, now_us, stamp  # noqa: E402
-from scripts.fleet.runner import run_fleet  # noqa: E402
-from scripts.fleet.vins import make_vins  # noqa: E402
+from scripts.fleet.options import FleetOptions
+from scripts.fleet.payload import HEADER_SIZE, now_us, stamp
+from scripts.fleet.runner import run_fleet
+from scripts.fleet.vins import make_vins
 
 POLL_S = 0.05
 

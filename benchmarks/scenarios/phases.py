@@ -1,9 +1,9 @@
 """The measured phases shared by ``fanout_bench`` and ``fleet_bench``; each returns a flat dict of figures.
 
-A *target* is either an :class:`~benchmarks.scenarios.cluster.EmbeddedCluster` (``system == "fanout"``:
+A *target* is either an :class:`~benchmarks.harness.cluster.EmbeddedCluster` (``system == "fanout"``:
 requests go through the platform client, one trigger per request) or a
-:class:`~benchmarks.common.PeerBroker` (Mosquitto, amqtt: the naive publisher sends one QoS 1 PUBLISH per
-vehicle and request). Both expose ``host``, ``port``, ``cpu_seconds()`` and ``rss_bytes()``.
+:class:`~benchmarks.harness.peers.PeerBroker` (Mosquitto, amqtt: the naive publisher sends one QoS 1
+PUBLISH per vehicle and request). Both expose ``host``, ``port``, ``cpu_seconds()`` and ``rss_bytes()``.
 
 Phases (every wait bounded by a cap and a stall limit; a capped phase reports what arrived):
 
@@ -26,8 +26,8 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
-from ..common import processes_for
-from .cluster import EmbeddedCluster, cpu_delta
+from ..harness.cluster import EmbeddedCluster, cpu_delta
+from ..harness.processes import processes_for
 from .fleet import FleetRun, delivery_window, fleet_options, nearest_rank, request_times, steady_rate, vins_for
 from .senders import NaivePublisher, PlatformSender, Sent, raw_trigger
 

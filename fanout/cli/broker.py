@@ -28,11 +28,11 @@ def format_url(host: str, port: int) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout.config import load_config
+    from fanout.config import load_config, mqtt_settings
     from fanout.mqtt.aio import MQTTServer, run
 
     cfg = load_config(args.config, overrides={"mqtt": {"host": args.host, "port": args.port}})
-    server = MQTTServer(cfg)  # ConfigError (e.g. non-loopback without users) -> exit 2 in main
+    server = MQTTServer(mqtt_settings(cfg))  # ConfigError (e.g. non-loopback without users) -> exit 2 in main
     return run(lambda: _serve(server))
 
 

@@ -38,11 +38,11 @@ from fanout.client.backoff import RetryPolicy
 from fanout.client.errors import FanoutClosed
 from fanout.client.handle import COLD, HOT, ClientStatus, SubmitHandle
 from fanout.client.inflight import Inflight
-from fanout.client.outbox import DEFAULT_OUTBOX_DIR, DeadLetter, Outbox, WriteBatch, now_ms
+from fanout.client.outbox import DEFAULT_OUTBOX_DIR, DeadLetter, Outbox, OutboxBatch, now_ms
 from fanout.client.pump import Pump
 from fanout.client.ring import Ring
 from fanout.client.submission import Submission, make_submission
-from fanout.client.transport import Connection
+from fanout.client.transport import BrokerConnection
 from fanout.client.writer import GroupWriter
 
 log = structlog.get_logger(__name__)
@@ -129,7 +129,7 @@ class FanoutClient(Pump):
         self._isolated: int | None = None
         self._handles: dict[int, SubmitHandle] = {}
         self._rejections: dict[int, dict] = {}
-        self._conn: Connection | None = None
+        self._conn: BrokerConnection | None = None
         self._epoch = 0
         self._pending_writes = 0
         self._spills = 0
@@ -214,10 +214,10 @@ class FanoutClient(Pump):
         if leftovers:
             for s in leftovers:
                 s.durable = True
-            await self._writer.apply(WriteBatch(appends=leftovers))
+            await self._writer.apply(OutboxBatch(appends=leftovers))
         if self._removes:
             removes, self._removes = self._removes, []
-            await self._writer.apply(WriteBatch(removes=removes))
+            await self._writer.apply(OutboxBatch(removes=removes))
         for handle in self._handles.values():
             handle._fail(FanoutClosed(f"client closed before {handle.request_id!r} was acknowledged; it stays in the outbox {self.outbox_dir}"))
         self._handles.clear()
@@ -274,10 +274,22 @@ class FanoutClient(Pump):
                 return handle
             self._set_mode(COLD, "ring_full")
             handle.mode = COLD
-        assert self._writer is not None
+        # The commit and what follows it run as a task of their own: a caller cancelled while the
+        # commit is under way must not skip telling the pump (the item would sit in the outbox until
+        # some later submit woke it) nor drop _pending_writes early (the client could go HOT with the
+        # item still landing in the outbox).
         self._pending_writes += 1
+        commit = self._loop.create_task(self._commit_cold(sub, handle), name=f"fanout-client-commit-{sub.seq}")
+        self._background.add(commit)
+        commit.add_done_callback(self._background.discard)
+        await asyncio.shield(commit)  # a failed commit raises here; if the caller is gone, it was logged by the writer
+        return handle
+
+    async def _commit_cold(self, sub: Submission, handle: SubmitHandle) -> None:
+        """Commit one COLD submission to the outbox, then hand it to the pump (``_pending_writes`` already counts it)."""
+        assert self._writer is not None
         try:
-            await self._writer.apply(WriteBatch(appends=[sub]))
+            await self._writer.apply(OutboxBatch(appends=[sub]))
         except BaseException:
             self._handles.pop(sub.seq, None)
             raise
@@ -287,7 +299,6 @@ class FanoutClient(Pump):
         handle._sub = None  # the outbox holds it now
         self._outbox_dirty = True
         self._wake.set()
-        return handle
 
     # ------------------------------------------------------------------ observability and maintenance
 

@@ -14,7 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from fanout.client.submission import TRIGGER_TOPIC, Submission, data_topic
+from fanout.client.submission import Submission, data_topic
+from fanout.trigger import TRIGGER_TOPIC
 
 _ACKED = 0
 PublishFn = Callable[[str, bytes], int]

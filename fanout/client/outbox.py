@@ -4,7 +4,7 @@ Strategy:
 
 - One LMDB environment per outbox directory, opened with ``sync=True``: every committed write
   transaction is fsynced before ``commit`` returns, so a COLD ``submit`` that returned survives a
-  process crash and a power loss. Writes arrive as one :class:`WriteBatch` (appends, failures,
+  process crash and a power loss. Writes arrive as one :class:`OutboxBatch` (appends, failures,
   removes) applied in one transaction; the client coalesces concurrent operations into one batch
   (group commit), so N concurrent COLD submits cost one fsync.
 - Tables: ``items`` (seq, 8-byte big endian -> msgpack record) so a cursor yields submission order;
@@ -14,7 +14,12 @@ Strategy:
 - One client per outbox: an exclusive ``flock`` on ``client.lock`` (released by the kernel when the
   process dies, so ``kill -9`` never leaves a stale lock). Read-only tools (``fanout outbox status``)
   open without the lock; LMDB itself is safe across processes.
-- Not thread-safe: the client calls it from one I/O thread only.
+- Threads: writes come from one thread at a time (the client's writer thread); reads
+  (``load_ready``, ``dead_letters``) may run on another. Growing the map on ``MapFullError`` calls
+  ``set_mapsize``, which py-lmdb allows only while no transaction of this process is active, so every
+  transaction holds a ``storage.guard.ResizeGuard`` shared and a grow holds it exclusive (a waiting
+  grow keeps new transactions out, so a stream of reads cannot starve it). A thread never opens a
+  transaction while it holds one: a grow waiting in between would deadlock it.
 """
 from __future__ import annotations
 
@@ -22,9 +27,10 @@ import fcntl
 import os
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Container, Iterable
+from typing import Callable, Container, Iterable, Iterator, TypeVar
 
 import lmdb
 import msgpack
@@ -33,8 +39,10 @@ import structlog
 from fanout.client.backoff import RetryPolicy
 from fanout.client.errors import OutboxLocked
 from fanout.client.submission import Submission
+from storage.guard import ResizeGuard
 
 log = structlog.get_logger(__name__)
+R = TypeVar("R")
 
 _SEQ = struct.Struct(">Q")
 _DAY_MS = 86_400_000
@@ -56,14 +64,14 @@ class Failure:
 
 
 @dataclass(slots=True)
-class WriteBatch:
+class OutboxBatch:
     """Outbox mutations applied in one fsynced transaction, in this order: appends, failures, removes."""
 
     appends: list[Submission] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     removes: list[int] = field(default_factory=list)
 
-    def extend(self, other: "WriteBatch") -> None:
+    def extend(self, other: "OutboxBatch") -> None:
         self.appends.extend(other.appends)
         self.failures.extend(other.failures)
         self.removes.extend(other.removes)
@@ -132,6 +140,7 @@ class Outbox:
         self.policy = policy or RetryPolicy()
         self.retain_ms = int(dead_letter_retain_days * _DAY_MS)
         self._lock_fd: int | None = self._take_lock() if exclusive else None
+        self._guard = ResizeGuard()
         try:
             self._env = lmdb.open(str(self.path), subdir=True, map_size=map_size, max_dbs=4, sync=True,
                                   metasync=True, readahead=False, meminit=False)
@@ -142,7 +151,7 @@ class Outbox:
         self._retry_db = self._env.open_db(b"retry")
         self._dead = self._env.open_db(b"dead")
         self.retry: dict[int, tuple[int, int, str]] = {}
-        with self._env.begin() as txn:
+        with self._txn() as txn:
             for k, v in txn.cursor(db=self._retry_db):
                 attempts, next_ms, err = msgpack.unpackb(v, raw=False)
                 self.retry[_SEQ.unpack(k)[0]] = (attempts, next_ms, err)
@@ -174,14 +183,39 @@ class Outbox:
 
     def close(self) -> None:
         """Close the environment and release the lock (idempotent)."""
-        if self._env is not None:
-            self._env.close()
-            self._env = None  # type: ignore[assignment]
+        with self._guard.exclusive():
+            if self._env is not None:
+                self._env.close()
+                self._env = None  # type: ignore[assignment]
         self._release_lock()
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextmanager
+    def _txn(self, write: bool = False, db: lmdb._Database | None = None) -> Iterator[lmdb.Transaction]:
+        """An LMDB transaction holding the map guard shared (see the module docstring)."""
+        with self._guard.shared(), self._env.begin(write=write, db=db) as txn:
+            yield txn
+
+    def _write(self, body: Callable[[lmdb.Transaction], R]) -> R:
+        """Run ``body`` in one write transaction, growing the map and re-running it on ``MapFullError``
+        (the failed transaction was aborted, so ``body`` must keep its effects inside it)."""
+        while True:
+            try:
+                with self._txn(write=True) as txn:
+                    return body(txn)
+            except lmdb.MapFullError:
+                self._grow()
+
+    def _grow(self) -> None:
+        with self._guard.exclusive():  # py-lmdb: set_mapsize needs no active transaction in this process
+            size = self._env.info()["map_size"] * 2
+            self._env.set_mapsize(size)
+        log.info("outbox.map_grow", path=str(self.path), map_size=size)
 
     # ------------------------------------------------------------------ writes
 
-    def apply(self, batch: WriteBatch, now: int | None = None) -> ApplyResult:
+    def apply(self, batch: OutboxBatch, now: int | None = None) -> ApplyResult:
         """Apply appends, failures and removes in one fsynced transaction.
 
         A failure of an item not in the outbox (already acked or removed) is ignored; a failure
@@ -199,12 +233,7 @@ class Outbox:
             lmdb.Error: the write failed (nothing was applied).
         """
         now = now_ms() if now is None else now
-        while True:
-            try:
-                result, retry_changes, d_depth, d_dead = self._apply_txn(batch, now)
-                break
-            except lmdb.MapFullError:
-                self._grow()
+        result, retry_changes, d_depth, d_dead = self._write(lambda txn: self._apply_txn(txn, batch, now))
         for seq, value in retry_changes.items():
             if value is None:
                 self.retry.pop(seq, None)
@@ -216,51 +245,46 @@ class Outbox:
             self.oldest_ts_ms = self._read_oldest_ts()
         return result
 
-    def _apply_txn(self, batch: WriteBatch, now: int) -> tuple[ApplyResult, dict[int, tuple[int, int, str] | None], int, int]:
+    def _apply_txn(self, txn: lmdb.Transaction, batch: OutboxBatch,
+                   now: int) -> tuple[ApplyResult, dict[int, tuple[int, int, str] | None], int, int]:
         result = ApplyResult()
         retry_changes: dict[int, tuple[int, int, str] | None] = {}
         d_depth = d_dead = 0
-        with self._env.begin(write=True) as txn:
-            for sub in batch.appends:
-                key = _SEQ.pack(sub.seq)
-                if txn.replace(key, sub.pack(), db=self._items) is None:
-                    d_depth += 1
-                if sub.attempts:
-                    state = (sub.attempts, sub.next_retry_ms, sub.last_error)
-                    txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
-                    retry_changes[sub.seq] = state
-            for f in batch.failures:
-                key = _SEQ.pack(f.seq)
-                raw = txn.get(key, db=self._items)
-                if raw is None:
-                    continue
-                prev = retry_changes.get(f.seq) or self.retry.get(f.seq)
-                attempts, next_ms = self.policy.after_failure(prev[0] if prev else 0, now)
-                if f.final or next_ms is None:
-                    txn.delete(key, db=self._items)
-                    txn.delete(key, db=self._retry_db)
-                    txn.put(key, msgpack.packb([raw, attempts, f.error, now]), db=self._dead)
-                    retry_changes[f.seq] = None
-                    result.dead[f.seq] = (attempts, f.error)
-                    d_depth -= 1
-                    d_dead += 1
-                else:
-                    state = (attempts, next_ms, f.error)
-                    txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
-                    retry_changes[f.seq] = state
-                    result.retry[f.seq] = next_ms
-            for seq in batch.removes:
-                key = _SEQ.pack(seq)
-                if txn.delete(key, db=self._items):
-                    d_depth -= 1
-                if txn.delete(key, db=self._retry_db):
-                    retry_changes[seq] = None
+        for sub in batch.appends:
+            key = _SEQ.pack(sub.seq)
+            if txn.replace(key, sub.pack(), db=self._items) is None:
+                d_depth += 1
+            if sub.attempts:
+                state = (sub.attempts, sub.next_retry_ms, sub.last_error)
+                txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
+                retry_changes[sub.seq] = state
+        for f in batch.failures:
+            key = _SEQ.pack(f.seq)
+            raw = txn.get(key, db=self._items)
+            if raw is None:
+                continue
+            prev = retry_changes.get(f.seq) or self.retry.get(f.seq)
+            attempts, next_ms = self.policy.after_failure(prev[0] if prev else 0, now)
+            if f.final or next_ms is None:
+                txn.delete(key, db=self._items)
+                txn.delete(key, db=self._retry_db)
+                txn.put(key, msgpack.packb([raw, attempts, f.error, now]), db=self._dead)
+                retry_changes[f.seq] = None
+                result.dead[f.seq] = (attempts, f.error)
+                d_depth -= 1
+                d_dead += 1
+            else:
+                state = (attempts, next_ms, f.error)
+                txn.put(key, msgpack.packb(list(state)), db=self._retry_db)
+                retry_changes[f.seq] = state
+                result.retry[f.seq] = next_ms
+        for seq in batch.removes:
+            key = _SEQ.pack(seq)
+            if txn.delete(key, db=self._items):
+                d_depth -= 1
+            if txn.delete(key, db=self._retry_db):
+                retry_changes[seq] = None
         return result, retry_changes, d_depth, d_dead
-
-    def _grow(self) -> None:
-        size = self._env.info()["map_size"] * 2
-        log.info("outbox.map_grow", path=str(self.path), map_size=size)
-        self._env.set_mapsize(size)
 
     # ------------------------------------------------------------------ reads
 
@@ -277,7 +301,7 @@ class Outbox:
         """
         out: list[Submission] = []
         retry = self.retry
-        with self._env.begin(db=self._items) as txn:
+        with self._txn(db=self._items) as txn:
             cur = txn.cursor()
             for key in cur.iternext(keys=True, values=False):
                 seq = _SEQ.unpack(key)[0]
@@ -299,7 +323,7 @@ class Outbox:
         return min((s[1] for s in list(self.retry.values())), default=None)  # list(): atomic snapshot vs the writer thread
 
     def _read_oldest_ts(self) -> int | None:
-        with self._env.begin(db=self._items) as txn:
+        with self._txn(db=self._items) as txn:
             cur = txn.cursor()
             if not cur.first():
                 return None
@@ -322,7 +346,7 @@ class Outbox:
             limit: most returned (None = all).
         """
         out: list[DeadLetter] = []
-        with self._env.begin(db=self._dead) as txn:
+        with self._txn(db=self._dead) as txn:
             for key, value in txn.cursor():
                 seq = _SEQ.unpack(key)[0]
                 raw, attempts, err, dead_at = msgpack.unpackb(value, raw=False)
@@ -345,8 +369,9 @@ class Outbox:
             The seqs moved back.
         """
         wanted = None if seqs is None else {int(s) for s in seqs}
-        moved: list[int] = []
-        with self._env.begin(write=True) as txn:
+
+        def move(txn: lmdb.Transaction) -> list[int]:
+            moved: list[int] = []
             for key, value in list(txn.cursor(db=self._dead)):
                 seq = _SEQ.unpack(key)[0]
                 if wanted is not None and seq not in wanted:
@@ -356,6 +381,9 @@ class Outbox:
                 txn.delete(key, db=self._dead)
                 txn.delete(key, db=self._retry_db)
                 moved.append(seq)
+            return moved
+
+        moved = self._write(move)
         for seq in moved:
             self.retry.pop(seq, None)
         self.depth += len(moved)
@@ -371,12 +399,16 @@ class Outbox:
             How many were deleted.
         """
         cutoff = (now_ms() if now is None else now) - self.retain_ms
-        pruned = 0
-        with self._env.begin(write=True, db=self._dead) as txn:
-            for key, value in list(txn.cursor()):
+
+        def prune(txn: lmdb.Transaction) -> int:
+            pruned = 0
+            for key, value in list(txn.cursor(db=self._dead)):
                 if msgpack.unpackb(value, raw=False)[3] < cutoff:
-                    txn.delete(key)
+                    txn.delete(key, db=self._dead)
                     pruned += 1
+            return pruned
+
+        pruned = self._write(prune)
         self.dead_count -= pruned
         if pruned:
             log.info("outbox.dead_letters_pruned", path=str(self.path), pruned=pruned)

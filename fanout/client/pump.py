@@ -25,9 +25,10 @@ import structlog
 from fanout.client.errors import FanoutDeadLettered, FanoutRejected, describe_cluster_error
 from fanout.client.handle import COLD
 from fanout.client.inflight import Inflight
-from fanout.client.outbox import ApplyResult, Failure, WriteBatch, now_ms
-from fanout.client.submission import Submission, errors_topic, parse_cluster_error
-from fanout.client.transport import ConnectFailed, Connection, PublishFailed
+from fanout.client.outbox import ApplyResult, Failure, OutboxBatch, now_ms
+from fanout.client.submission import Submission, parse_cluster_error
+from fanout.client.transport import BrokerConnection, ConnectFailed, PublishFailed
+from fanout.trigger import errors_topic
 
 if TYPE_CHECKING:
     from fanout.client.handle import SubmitHandle
@@ -62,7 +63,7 @@ class Pump:
         _isolated: int | None
         _handles: dict[int, SubmitHandle]
         _rejections: dict[int, dict[str, Any]]
-        _conn: Connection | None
+        _conn: BrokerConnection | None
         _epoch: int
         _pending_writes: int
         _spills: int
@@ -93,9 +94,9 @@ class Pump:
         delay = self._reconnect[0]
         failures = 0
         while not self._closed:
-            conn = Connection(client_id=self.client_id, username=self._username, password=self._password,
-                              keepalive_s=self._keepalive_s, on_ack=self._on_ack, on_message=self._on_message,
-                              on_lost=self._on_lost)
+            conn = BrokerConnection(client_id=self.client_id, username=self._username, password=self._password,
+                                    keepalive_s=self._keepalive_s, on_ack=self._on_ack, on_message=self._on_message,
+                                    on_lost=self._on_lost)
             try:
                 await conn.open(self.host, self.port, self._connect_timeout_s)
             except ConnectFailed as exc:
@@ -123,7 +124,7 @@ class Pump:
             delay = self._reconnect[0] if self._loop.time() - up_since > 1.0 else min(max(delay, self._reconnect[0]) * 2, self._reconnect[1])
             await asyncio.sleep(delay)
 
-    def _on_lost(self, conn: Connection, reason: str) -> None:
+    def _on_lost(self, conn: BrokerConnection, reason: str) -> None:
         if conn is not self._conn:
             return
         self._conn = None
@@ -133,7 +134,7 @@ class Pump:
         isolated, self._isolated = self._isolated, None
         error = reason if not self._last_cluster_error else f"{reason}; cluster error: {self._last_cluster_error}"
         self._last_error, self._last_cluster_error = error, ""
-        batch = WriteBatch()
+        batch = OutboxBatch()
         if isolated is not None and len(unacked) == 1 and unacked[0].seq == isolated:
             batch.failures.append(Failure(isolated, error))
         else:
@@ -162,12 +163,12 @@ class Pump:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _spawn_write(self, batch: WriteBatch, spill: bool = False) -> None:
+    def _spawn_write(self, batch: OutboxBatch, spill: bool = False) -> None:
         self._pending_writes += 1
         self._spills += spill
         self._spawn(self._settle(batch, spill))
 
-    async def _settle(self, batch: WriteBatch, spill: bool) -> None:
+    async def _settle(self, batch: OutboxBatch, spill: bool) -> None:
         """Commit a spill/failure batch, then fail dead-lettered handles and schedule retries."""
         assert self._writer is not None
         try:
@@ -262,7 +263,7 @@ class Pump:
                 self._cold.append(sub)
                 self._cold_seqs.add(sub.seq)
 
-    def _publish(self, conn: Connection, sub: Submission) -> None:
+    def _publish(self, conn: BrokerConnection, sub: Submission) -> None:
         h = self._handles.get(sub.seq)
         if h is not None:
             h._sub = sub  # progress of this attempt
@@ -282,7 +283,7 @@ class Pump:
         h = self._handles.get(sub.seq)
         if h is not None:
             h._sub = None
-        batch = WriteBatch(failures=[Failure(sub.seq, error, final)])
+        batch = OutboxBatch(failures=[Failure(sub.seq, error, final)])
         if not sub.durable:
             sub.durable = True
             batch.appends.append(sub)
@@ -319,7 +320,7 @@ class Pump:
     async def _commit_removes(self, removes: list[int]) -> None:
         assert self._writer is not None
         try:
-            await self._writer.apply(WriteBatch(removes=removes), urgent=False)
+            await self._writer.apply(OutboxBatch(removes=removes), urgent=False)
         except Exception as exc:  # noqa: BLE001 - a lost removal only means a QoS 1 duplicate later
             log.error("client.outbox_remove_failed", error=repr(exc), count=len(removes))
         self._removing.difference_update(removes)

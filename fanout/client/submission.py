@@ -20,23 +20,15 @@ from typing import Any, Iterable, Iterator
 import msgpack
 
 from fanout.client.errors import SubmissionInvalid
+from fanout.trigger import DATA_TOPIC_PREFIX, DEFAULT_MAX_ID_LEN, TriggerError, check_id
 
-TOPIC_ROOT = "$SDV-FANOUT"
-TRIGGER_TOPIC = f"{TOPIC_ROOT}/trigger"
 _RECORD_VERSION = 1
-_BAD_LEVEL_CHARS = ("/", "+", "#", "\x00")
-_BAD_ID_CHARS = ("+", "#", "\x00")
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def data_topic(data_id: str) -> str:
     """Topic of a blob: ``$SDV-FANOUT/data/<data_id>``."""
-    return f"{TOPIC_ROOT}/data/{data_id}"
-
-
-def errors_topic(client_id: str) -> str:
-    """Topic on which the cluster reports this client's invalid input: ``$SDV-FANOUT/errors/<id>``."""
-    return f"{TOPIC_ROOT}/errors/{client_id}"
+    return DATA_TOPIC_PREFIX + data_id
 
 
 @dataclass(slots=True, eq=False)
@@ -166,8 +158,9 @@ def make_submission(
         seq: the sequence number to give it.
         vins: non-empty iterable of non-empty VIN strings (a single ``str`` is refused).
         payload: the blob; ``str`` is encoded as UTF-8.
-        request_id: non-empty, without ``+``, ``#`` or NUL (it becomes a topic level on delivery).
-        data_id: a topic level (no ``/``, ``+``, ``#``, NUL), or None for the SHA-1 of the payload.
+        request_id: the cluster's rule for a topic level (``fanout.trigger.check_id``): non-empty, at
+            most 128 bytes of UTF-8, no ``/``, ``+``, ``#`` nor control characters.
+        data_id: the same rule, or None for the SHA-1 of the payload.
         ts_ms: submit time.
 
     Returns:
@@ -194,16 +187,13 @@ def make_submission(
         blob = bytes(payload)
     else:
         raise SubmissionInvalid("payload", f"must be bytes or str, got {type(payload).__name__}")
-    if not isinstance(request_id, str) or not request_id:
-        raise SubmissionInvalid("request_id", f"must be a non-empty string, got {request_id!r}")
-    if any(c in request_id for c in _BAD_ID_CHARS):
-        raise SubmissionInvalid("request_id", f"must not contain '+', '#' or NUL, got {request_id!r}")
-    if data_id is None:
-        data_id = default_data_id(blob)
-    elif not isinstance(data_id, str) or not data_id:
-        raise SubmissionInvalid("data_id", f"must be a non-empty string, got {data_id!r}")
-    elif any(c in data_id for c in _BAD_LEVEL_CHARS):
-        raise SubmissionInvalid("data_id", f"must be one topic level (no '/', '+', '#', NUL), got {data_id!r}")
+    # The cluster's own check, so that an id it would reject never reaches the wire: its answer to an
+    # invalid trigger closes the connection, and with it every submission in flight on it.
+    try:
+        check_id("request_id", request_id, DEFAULT_MAX_ID_LEN)
+        data_id = default_data_id(blob) if data_id is None else check_id("data_id", data_id, DEFAULT_MAX_ID_LEN)
+    except TriggerError as exc:
+        raise SubmissionInvalid(exc.field, exc.reason) from None
     return Submission(seq, request_id, data_id, blob, vin_list, ts_ms)
 
 

@@ -9,7 +9,7 @@ paho with its own network thread ~2.8k msg/s with a publish-call p99 of ~1.5 ms 
 between the two threads), aiomqtt ~2.5k msg/s (a task per publish), paho on the asyncio loop
 ~3.8-4.8k msg/s with a p99 of ~0.3 ms. Only the blocking TCP connect runs in a worker thread.
 
-A :class:`Connection` is used once: a fresh paho client per connection, clean session, so nothing
+A :class:`BrokerConnection` is used once: a fresh paho client per connection, clean session, so nothing
 paho queued for a dead connection is ever re-sent behind the client's back; the client owns retries.
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ class PublishFailed(OSError):
         self.connection_lost = connection_lost
 
 
-class Connection:
-    """A single-use MQTT connection whose callbacks run on the asyncio loop.
+class BrokerConnection:
+    """The platform client's single-use MQTT connection to the broker; its callbacks run on the asyncio loop.
 
     Args:
         client_id: MQTT client id.
@@ -65,7 +65,7 @@ class Connection:
         keepalive_s: int,
         on_ack: Callable[[int], None],
         on_message: Callable[[str, bytes], None],
-        on_lost: Callable[["Connection", str], None],
+        on_lost: Callable[["BrokerConnection", str], None],
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()

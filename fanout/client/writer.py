@@ -2,7 +2,7 @@
 
 Strategy: LMDB allows one writer and an fsync costs ~0.25 ms here (about 4,000 synced commits/s), so
 every outbox mutation (COLD appends, spills of the ring, failures, removals after PUBACK) is queued
-here; a single task takes everything queued so far, merges it into one :class:`WriteBatch`, runs
+here; a single task takes everything queued so far, merges it into one :class:`OutboxBatch`, runs
 ``Outbox.apply`` on the I/O thread and resolves each caller's future only after that commit
 returned. A caller awaiting :meth:`GroupWriter.apply` therefore has the same guarantee as a
 synchronous fsynced commit of its own operation, and N concurrent COLD submissions share one fsync.
@@ -21,7 +21,7 @@ from typing import Any, Callable, TypeVar
 
 import structlog
 
-from fanout.client.outbox import ApplyResult, Outbox, WriteBatch
+from fanout.client.outbox import ApplyResult, Outbox, OutboxBatch
 
 log = structlog.get_logger(__name__)
 R = TypeVar("R")
@@ -41,14 +41,14 @@ class GroupWriter:
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanout-outbox-w")
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanout-outbox-r")
         self._timer: asyncio.TimerHandle | None = None
-        self._queue: list[tuple[WriteBatch, asyncio.Future[ApplyResult]]] = []
+        self._queue: list[tuple[OutboxBatch, asyncio.Future[ApplyResult]]] = []
         self._urgent = 0  # urgent entries in _queue
         self._kick = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="fanout-outbox-writer")
         self.commits = 0
         self._busy = False
 
-    async def apply(self, batch: WriteBatch, urgent: bool = True) -> ApplyResult:
+    async def apply(self, batch: OutboxBatch, urgent: bool = True) -> ApplyResult:
         """Queue ``batch`` and wait until it is committed (fsynced).
 
         The commit happens even if the caller is cancelled meanwhile.
@@ -97,7 +97,7 @@ class GroupWriter:
     async def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._queue:
             ops, self._queue, self._urgent = self._queue, [], 0
-            merged = WriteBatch()
+            merged = OutboxBatch()
             for batch, _ in ops:
                 merged.extend(batch)
             try:

@@ -27,12 +27,11 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import structlog
 
-from fanout.config import Config
-
 from .auth import AccessControl, is_loopback_host
 from .broker import Broker
 from .connection import CLOSED, Connection
 from .hooks import BrokerHooks
+from .settings import MQTTSettings
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -130,11 +129,11 @@ class MQTTServer:
     """The MQTT listener of one node: binds, runs the broker core, stops cleanly.
 
     Args:
-        config: loaded configuration (``[mqtt]``, users, acl).
-        host: listener address (default ``config.mqtt.host``).
-        port: listener port, 0 for any free port (default ``config.mqtt.port``).
+        settings: the MQTT settings (``fanout.config.mqtt_settings(config)``).
+        host: listener address (default ``settings.host``).
+        port: listener port, 0 for any free port (default ``settings.port``).
         hooks: :class:`BrokerHooks` for an embedding layer, or None.
-        acl: an access-control object; default builds :class:`AccessControl` from ``config``.
+        acl: an access-control object; default builds :class:`AccessControl` from ``settings``.
         sweep_interval_s: period of the timeout/keepalive/$SYS sweep (also the timing resolution).
         reuse_port: bind with SO_REUSEPORT so that several listener processes share host:port and the
             kernel spreads new connections over them (every one of them must set it).
@@ -143,18 +142,18 @@ class MQTTServer:
         ConfigError: from :class:`AccessControl` (e.g. a non-loopback listener without users).
     """
 
-    def __init__(self, config: Config, *, host: str | None = None, port: int | None = None,
+    def __init__(self, settings: MQTTSettings, *, host: str | None = None, port: int | None = None,
                  hooks: BrokerHooks | None = None, acl: Any = None, sweep_interval_s: float = 1.0,
                  reuse_port: bool = False) -> None:
-        self.config = config
-        self.host = config.mqtt.host if host is None else host
-        self._port = config.mqtt.port if port is None else port
-        self.acl = acl if acl is not None else AccessControl(config, listener_is_loopback=is_loopback_host(self.host))
+        self.settings = settings
+        self.host = settings.host if host is None else host
+        self._port = settings.port if port is None else port
+        self.acl = acl if acl is not None else AccessControl(settings, listener_is_loopback=is_loopback_host(self.host))
         self._sweep_interval = sweep_interval_s
         self.reuse_port = reuse_port
         self.broker = Broker(
-            config, self.acl, hooks, now_ms=_now_ms(),
-            defer_auth=self._defer_auth if config.users else None,
+            settings, self.acl, hooks, now_ms=_now_ms(),
+            defer_auth=self._defer_auth if settings.users else None,
             on_output=self._schedule_flush, wheel_resolution_ms=int(sweep_interval_s * 1000),
         )
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -30,7 +30,6 @@ import base64
 import hashlib
 import hmac
 import ipaddress
-import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -39,8 +38,8 @@ from typing import Callable, Iterable, Mapping
 
 import structlog
 
-from fanout.config import AclRule, Config, ConfigError, UserConfig
-from fanout.mqtt.topics import InvalidTopic, topic_matches, validate_topic_filter
+from .settings import AclRule, ConfigError, MQTTSettings, UserConfig
+from .topics import InvalidTopic, topic_matches, validate_topic_filter
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +47,6 @@ HASH_SCHEME = "pbkdf2_sha256"
 DEFAULT_ITERATIONS = 600_000
 CONNACK_BAD_CREDENTIALS = 4
 CONNACK_NOT_AUTHORISED = 5
-VIN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEV_PLATFORM_USER = "platform"
 DEV_PLATFORM_PASSWORD = b"platform"
 _SYS = "$SYS"
@@ -193,7 +191,7 @@ class AccessControl:
     """Authenticates CONNECTs and decides publish/subscribe permissions from one immutable config.
 
     Args:
-        config: the loaded configuration (users, acl, mqtt.anonymous_role, mqtt.dev_platform_login).
+        settings: the MQTT settings (users, acl, anonymous_role, dev_platform_login, vehicle_client_id).
         listener_is_loopback: whether the MQTT listener binds a loopback address only.
         auth_cache_size: successful verifications remembered (LRU).
         decision_cache_size: cached publish decisions (cleared when full).
@@ -204,20 +202,22 @@ class AccessControl:
     """
 
     def __init__(
-        self, config: Config, *, listener_is_loopback: bool, auth_cache_size: int = 10_000, decision_cache_size: int = 65_536
+        self, settings: MQTTSettings, *, listener_is_loopback: bool, auth_cache_size: int = 10_000,
+        decision_cache_size: int = 65_536,
     ) -> None:
-        self._users = dict(config.users)
+        self._users = {u.name: u for u in settings.users}
         if not self._users and not listener_is_loopback:
             raise ConfigError(
                 "refusing to start a non-loopback listener without configured credentials "
-                f"(mqtt.host = {config.mqtt.host!r}): add [users.<name>] tables with hashes from "
+                f"(mqtt.host = {settings.host!r}): add [users.<name>] tables with hashes from "
                 "`fanout passwd`, or listen on 127.0.0.1"
             )
         check_password_hashes(self._users)
-        self._anonymous_role: str = config.mqtt.anonymous_role
-        self._dev_login = bool(not self._users and listener_is_loopback and config.mqtt.dev_platform_login)
-        self._publish_rules = self._compile_rules(config, "publish")
-        self._subscribe_rules = self._compile_rules(config, "subscribe")
+        self._anonymous_role: str = settings.anonymous_role
+        self._vehicle_client_id = settings.vehicle_client_id
+        self._dev_login = bool(not self._users and listener_is_loopback and settings.dev_platform_login)
+        self._publish_rules = self._compile_rules(settings.acl, "publish")
+        self._subscribe_rules = self._compile_rules(settings.acl, "subscribe")
         self._key = secrets.token_bytes(32)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._last_failure: dict[str, bytes] = {}
@@ -235,9 +235,9 @@ class AccessControl:
                 hint="loopback listener without [users]; configure users or set mqtt.dev_platform_login = false",
             )
 
-    def _compile_rules(self, config: Config, action: str) -> tuple[AclRule, ...]:
+    def _compile_rules(self, acl: tuple[AclRule, ...], action: str) -> tuple[AclRule, ...]:
         rules = []
-        for n, rule in enumerate(config.acl):
+        for n, rule in enumerate(acl):
             try:
                 validate_topic_filter(rule.topic)
             except InvalidTopic as exc:
@@ -315,7 +315,7 @@ class AccessControl:
         return ok
 
     def _principal(self, username: str | None, role: str, client_id: str) -> Principal | int:
-        if role == "vehicle" and not VIN_RE.fullmatch(client_id):
+        if role == "vehicle" and not self._vehicle_client_id.fullmatch(client_id):
             return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "vehicle client id is not a VIN")
         return Principal(username, role, client_id)
 

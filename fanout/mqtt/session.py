@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator
 
+from .settings import MQTTSettings
+
 # OutMsg states
 SENT = 0  # PUBLISH written, awaiting PUBACK (QoS 1) or PUBREC (QoS 2)
 RELEASED = 1  # QoS 2: PUBREC received and PUBREL written, awaiting PUBCOMP
@@ -61,7 +63,7 @@ class OutMsg:
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    """Limits shared by every session of one broker (from ``[mqtt]`` config).
+    """Limits shared by every session of one broker (from the MQTT settings).
 
     Attributes:
         max_inflight: unacknowledged outbound QoS 1/2 messages per session (``mqtt.max_inflight``).
@@ -75,9 +77,9 @@ class SessionLimits:
     drop_oldest: bool = True
 
     @classmethod
-    def from_config(cls, mqtt: Any) -> "SessionLimits":
-        """Build from the ``[mqtt]`` config section."""
-        return cls(mqtt.max_inflight, mqtt.max_offline_messages, mqtt.offline_drop == "oldest")
+    def from_settings(cls, settings: MQTTSettings) -> "SessionLimits":
+        """Build from the broker's :class:`MQTTSettings`."""
+        return cls(settings.max_inflight, settings.max_offline_messages, settings.offline_drop == "oldest")
 
 
 class Session:

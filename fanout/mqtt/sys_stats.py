@@ -1,7 +1,7 @@
 """``$SYS/broker/...`` statistics, published as retained messages every ``mqtt.sys_interval_ms``.
 
-Strategy: the broker keeps plain integer counters on itself (one ``+= 1`` on the hot path, nothing
-else); :class:`SysStats` reads them when a publish is due, formats values as ASCII payloads and returns
+Strategy: the broker keeps plain integer counters on its shared state (one ``+= 1`` on the hot path,
+nothing else); :class:`SysStats` reads them when a publish is due, formats values as ASCII payloads and returns
 only the topics whose value changed since the last publish (like Mosquitto). Names follow Mosquitto's
 ``$SYS`` tree so existing tools read them. Two hooks let the fanout layer extend it without touching
 this module:
@@ -57,7 +57,7 @@ class SysStats:
     """Builds ``$SYS`` snapshots from a broker's counters.
 
     Args:
-        broker: the :class:`Broker` whose counters are read (duck-typed attributes).
+        broker: the :class:`~fanout.mqtt.state.BrokerState` (or anything with the same counters) read.
         interval_ms: publish period; 0 disables publishing (snapshots still work).
         start_ms: broker start time on the broker's clock (uptime origin).
     """

@@ -1,4 +1,5 @@
-"""The mock fleet's reusable parts (used by ``scripts/mock_vehicles.py`` and ``scripts/mock_platform.py``).
+"""The mock fleet's reusable parts (used by :mod:`scripts.mock_vehicles`, :mod:`scripts.mock_platform`, the
+benchmarks and the tests).
 
 Modules:
 
@@ -10,8 +11,7 @@ Modules:
 - :mod:`.worker`: the vehicles of one process: connection ramp, source addresses, shutdown.
 - :mod:`.runner`: :func:`run_fleet`, splitting a fleet over processes, live display, JSON summary.
 
-The package is imported as ``scripts.fleet`` (a namespace package under the repository root); the
-scripts put the repository root on ``sys.path`` first, as ``scripts/fuzz_codec.py`` does.
+Imported as ``scripts.fleet`` from the repository root (``python -m``, pytest and the benchmarks run there).
 """
 from __future__ import annotations
 

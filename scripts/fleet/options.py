@@ -29,7 +29,7 @@ class FleetError(Exception):
 
 @dataclass(slots=True)
 class FleetOptions:
-    """Everything a fleet run needs (the CLI flags of ``scripts/mock_vehicles.py``, same names).
+    """Everything a fleet run needs (the CLI flags of ``python -m scripts.mock_vehicles``, same names).
 
     ``vins`` None means generated from ``vin_prefix``/``count``/``vin_start``/``vin_digits``.
     ``order_ids`` (with ``expect_order``) is the platform's queue order; None orders request ids as strings.

@@ -236,7 +236,7 @@ def run_fleet(opts: FleetOptions, *, progress: Callable[[dict[str, Any]], None] 
         log_level: structlog level in spawned worker processes.
 
     Returns:
-        The summary (see ``scripts/mock_vehicles.py``).
+        The summary (see :mod:`scripts.mock_vehicles`).
 
     Raises:
         FleetError: bad options, or ``RLIMIT_NOFILE`` too low for a process's share of the fleet.

@@ -8,7 +8,8 @@ Strategy:
   adds a :class:`PacketReader` and the transport. No task per vehicle: timers are loop handles (one
   per vehicle at a time: the CONNACK/SUBACK deadline, then the heartbeat/keepalive tick).
 - Shared state (options, counters, ledger, random generator, the PUBACK table) lives in the process's
-  :class:`~scripts.fleet.worker.Worker`; the vehicle reaches it through one reference.
+  worker; the vehicle reaches it through one reference typed as :class:`VehicleHost`, the part of
+  :class:`~scripts.fleet.worker.Worker` a vehicle calls, so this module does not import the worker.
 - Life cycle: ``connection_made`` sends CONNECT and SUBSCRIBE ``<prefix>/+`` at QoS 1 in one write
   (MQTT-3.1.4 lets a client send before CONNACK; a refused CONNECT closes the connection and the
   SUBSCRIBE is never processed); CONNACK 0 -> connected; SUBACK -> publish ``ecp/<VIN>/online`` (so
@@ -27,7 +28,8 @@ Strategy:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import random
+from typing import Protocol
 
 from fanout.mqtt.codec import PacketReader, encode, encode_publish
 from fanout.mqtt.errors import ProtocolError
@@ -35,11 +37,9 @@ from fanout.mqtt.packets import (
     DISCONNECT_BYTES, PINGREQ_BYTES, SUBACK_FAILURE, Connack, Connect, Publish, Suback, Subscribe,
 )
 
-from .accounting import NEW
+from .accounting import NEW, Ledger
+from .options import FleetOptions
 from .payload import now_us, sent_time_us
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 IDLE = 0  # no connection (queued for a connect, or waiting for a reconnect delay)
 FAILED = -1  # handshake failed and was counted; connection_lost follows
@@ -48,6 +48,55 @@ CONNECTED = 2  # CONNACK 0, waiting for SUBACK
 SUBSCRIBED = 3  # SUBACK received, online published, heartbeats running
 
 SUB_PACKET_ID = 1
+
+
+class Counters:
+    """Running totals of one fleet process (ints the vehicles bump; read by ``Worker.snapshot``)."""
+
+    __slots__ = ("connected", "subscribed", "connects", "first_connects", "reconnects", "connect_errors",
+                 "crashes", "losses", "subscribe_errors", "protocol_errors", "unexpected", "heartbeats",
+                 "pubacks", "overlaps")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class VehicleHost(Protocol):
+    """What a :class:`Vehicle` uses of its process (:class:`~scripts.fleet.worker.Worker` implements it)."""
+
+    opts: FleetOptions
+    counters: Counters
+    ledger: Ledger
+    rng: random.Random
+    loop: asyncio.AbstractEventLoop
+    crash_rate: float
+    max_packet_size: int
+    ping_period: float
+    pubacks: list[bytes]  # encoded PUBACK by packet id
+    stopping: bool
+    open_transports: int
+
+    def delivery_prefix(self, vin: str) -> str: ...
+
+    def ack_delay(self) -> float: ...
+
+    def backoff(self, attempts: int) -> float: ...
+
+    def next_packet_id(self) -> int: ...
+
+    def first_connect(self) -> None: ...
+
+    def connect_error(self, reason: str) -> None: ...
+
+    def note_error(self, reason: str) -> None: ...
+
+    def schedule_connect(self, vehicle: "Vehicle", delay: float) -> None: ...
+
+    def handshake_done(self) -> None: ...
 
 
 class Vehicle(asyncio.Protocol):
@@ -62,7 +111,7 @@ class Vehicle(asyncio.Protocol):
     __slots__ = ("worker", "index", "vin", "transport", "reader", "state", "timer", "attempts", "ever",
                  "crashed", "next_hb", "unacked")
 
-    def __init__(self, worker: "Worker", index: int, vin: str) -> None:
+    def __init__(self, worker: VehicleHost, index: int, vin: str) -> None:
         self.worker = worker
         self.index = index
         self.vin = vin

@@ -28,30 +28,15 @@ from fanout.mqtt.codec import encode_puback
 from .accounting import Ledger, order_by_string, order_from_list
 from .options import FD_MARGIN, IP_BIND_ADDRESS_NO_PORT, MAX_ERROR_KINDS, FleetError, FleetOptions, raise_nofile, source_addresses
 from .payload import now_us
-from .vehicle import Vehicle
+from .vehicle import Counters, Vehicle
 
 log = structlog.get_logger(__name__)
 
 __all__ = ["Worker", "Counters", "FleetOptions", "FleetError", "FD_MARGIN", "raise_nofile"]
 
 
-class Counters:
-    """Running totals of one fleet process (ints; read by :meth:`Worker.snapshot`)."""
-
-    __slots__ = ("connected", "subscribed", "connects", "first_connects", "reconnects", "connect_errors",
-                 "crashes", "losses", "subscribe_errors", "protocol_errors", "unexpected", "heartbeats",
-                 "pubacks", "overlaps")
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
 class Worker:
-    """The vehicles of one process and what they share.
+    """The vehicles of one process and what they share (the :class:`~.vehicle.VehicleHost` of each).
 
     Args:
         opts: the fleet options (``vins`` ignored: ``vins`` below is this process's share).

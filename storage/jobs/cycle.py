@@ -13,7 +13,7 @@ while Spark plans shard k+1. That pays off when Spark runs elsewhere (``gc.spark
 cluster); on the 2-core dev machine the local JVM and the Python stages compete for the same cores
 and the pipelined 10M-row cycle was slower (139.7 s against 127.4 s, see benchmarks/gc_bench.py),
 hence off by default. A shard's plan always comes from its finished export, and the apply only
-issues guarded ops (see ``storage.jobs.apply``), so writes that keep arriving during the cycle are
+issues guarded ops (see ``storage.jobs.plan_apply``), so writes that keep arriving during the cycle are
 safe. Per-stage busy times (with ``pipeline`` they overlap and add up to more than the wall time
 ``total``) and counts come back as a ``GcSummary`` and go to ``<work_dir>/last_gc.json``.
 """
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, runtime_chec
 import structlog
 
 from storage.batch import WriteBatch
-from storage.jobs.apply import DEFAULT_CHUNK_OPS, ApplyInfo, apply_batches, resume_chunk
+from storage.data_dir_lock import DataDirLock
+from storage.jobs.plan_apply import DEFAULT_CHUNK_OPS, ApplyInfo, apply_batches, resume_chunk
 from storage.jobs.export import DEFAULT_ROW_GROUP_ROWS, export_shard
 from storage.jobs.plan import PlanInfo, compute_plan, read_plan
 from storage.shard import ShardStore
@@ -186,6 +187,18 @@ class GcSummary:
         return out
 
 
+def shard_paths(data_dir: str | os.PathLike[str]) -> list[Path]:
+    """The ``shard-<k>`` store directories under ``data_dir``, by name.
+
+    Raises:
+        FileNotFoundError: no shard directory there.
+    """
+    paths = sorted(p for p in Path(data_dir).glob("shard-*") if p.is_dir() and p.name[6:].isdigit())
+    if not paths:
+        raise FileNotFoundError(f"no shard-<k> store under {data_dir}")
+    return paths
+
+
 def open_shards(data_dir: str | os.PathLike[str], **store_options: Any) -> dict[int, ShardStore]:
     """Open every ``shard-<k>`` store under ``data_dir`` (offline GC).
 
@@ -193,9 +206,7 @@ def open_shards(data_dir: str | os.PathLike[str], **store_options: Any) -> dict[
         FileNotFoundError: no shard directory there.
     """
     stores: dict[int, ShardStore] = {}
-    paths = sorted(p for p in Path(data_dir).glob("shard-*") if p.is_dir() and p.name[6:].isdigit())
-    if not paths:
-        raise FileNotFoundError(f"no shard-<k> store under {data_dir}")
+    paths = shard_paths(data_dir)
     try:
         for path in paths:
             stores[int(path.name[6:])] = ShardStore(path, int(path.name[6:]), **store_options)
@@ -230,7 +241,8 @@ def run_gc_cycle(
 
     Args:
         shards: open stores by shard id, a data directory of ``shard-<k>`` stores (opened and
-            closed here; the cluster must be stopped), or a ``GcTarget`` (the live cluster).
+            closed here under the data dir lock, so never while ``fanout up`` runs on it), or a
+            ``GcTarget`` (the live cluster).
         config: ``fanout.config.Config`` (``fanout.data_retention_ms``, ``gc.*``, ``storage.*``).
         now_ms: the cycle's "now" (default: wall clock).
         progress: ``progress(stage, done, total)`` callback.
@@ -246,27 +258,29 @@ def run_gc_cycle(
 
     Raises:
         FileNotFoundError: ``shards`` is a directory without shard stores.
+        DataDirBusy: ``shards`` is a directory another process holds (a running ``fanout up``).
         StoreError: a shard could not be exported or written.
     """
-    opened: dict[int, ShardStore] = {}
-    data_dir: str | os.PathLike[str] | None = None
     if isinstance(shards, (str, os.PathLike)):
-        data_dir = shards
-        opened = open_shards(shards, sync=bool(config.storage.sync))
-        target: GcTarget = LocalShards(opened)
-    elif isinstance(shards, GcTarget):
-        target = shards
-    else:
-        target = LocalShards(shards)
-        paths = {Path(s.path).parent for s in shards.values()}
-        data_dir = paths.pop() if len(paths) == 1 else None
-    try:
-        return _run(target, config, now_ms, progress, spark, dry_run,
-                    Path(work_dir) if work_dir is not None else default_work_dir(config, data_dir), chunk_ops,
+        shard_paths(shards)  # a directory without stores is refused before a lock file is created in it
+        with DataDirLock(shards, "offline gc"):
+            opened = open_shards(shards, sync=bool(config.storage.sync))
+            try:
+                return _run(LocalShards(opened), config, now_ms, progress, spark, dry_run,
+                            _work_dir(config, shards, work_dir), chunk_ops, pipeline)
+            finally:
+                for store in opened.values():
+                    store.close()
+    if isinstance(shards, GcTarget):
+        return _run(shards, config, now_ms, progress, spark, dry_run, _work_dir(config, None, work_dir), chunk_ops,
                     pipeline)
-    finally:
-        for store in opened.values():
-            store.close()
+    paths = {Path(s.path).parent for s in shards.values()}
+    return _run(LocalShards(shards), config, now_ms, progress, spark, dry_run,
+                _work_dir(config, paths.pop() if len(paths) == 1 else None, work_dir), chunk_ops, pipeline)
+
+
+def _work_dir(config: Any, data_dir: str | os.PathLike[str] | None, work_dir: str | os.PathLike[str] | None) -> Path:
+    return Path(work_dir) if work_dir is not None else default_work_dir(config, data_dir)
 
 
 def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress | None,

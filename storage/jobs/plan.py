@@ -3,7 +3,7 @@
 Strategy: the plan is computed from snapshots (``storage.jobs.export``), never from the live store,
 and it is only a list of *guarded* ops: each action carries the value the row had at the shard's
 watermark (``data_id`` of an ``ids`` row, ``ts_ms``/``status`` of a ``reqs`` row, ``ts_ms`` of a
-blob's meta). ``storage.jobs.apply`` turns them into ``*_if`` ops, which LMDB checks inside the
+blob's meta). ``storage.jobs.plan_apply`` turns them into ``*_if`` ops, which LMDB checks inside the
 write transaction: a row changed, acked or re-queued after the watermark no longer matches and is
 kept. So a plan can be late, applied twice, or applied after a crash without harm.
 

@@ -30,7 +30,7 @@ def ray3():
 
 def _digests_equal(fanout, shard: int) -> tuple[dict, dict] | None:
     """(primary, replica) table digests of ``shard`` once they are equal, else None."""
-    from storage.replication import table_digests
+    from storage.replication_protocol import table_digests
 
     h = handles(fanout)
     primary = ray.get(h["dispatchers"][shard].__ray_call__.remote(lambda self: table_digests(self.store)), timeout=60)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import paho.mqtt.client as mqtt
 import pytest
 
-from fanout.config import AclRule, UserConfig, load_config
+from fanout.config import AclRule, UserConfig, load_config, mqtt_settings
 from fanout.mqtt.aio import MQTTServer, new_event_loop
 from fanout.mqtt.auth import hash_password
 from fanout.mqtt.codec import PacketReader, encode
@@ -60,7 +60,7 @@ class RunningBroker:
     """An MQTTServer on its own event loop in a daemon thread."""
 
     def __init__(self, config: Any, hooks: Any = None, sweep_interval_s: float = 0.1) -> None:
-        self.server = MQTTServer(config, host=HOST, port=0, hooks=hooks, sweep_interval_s=sweep_interval_s)
+        self.server = MQTTServer(mqtt_settings(config), host=HOST, port=0, hooks=hooks, sweep_interval_s=sweep_interval_s)
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="mqtt-broker", daemon=True)
         self._thread.start()
@@ -300,7 +300,7 @@ def paho_client() -> Iterator[Callable[..., PahoClient]]:
 @contextlib.contextmanager
 def cli_broker(*args: str, timeout: float = 20.0, env: dict | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     """Run ``fanout broker --host 127.0.0.1 --port 0 *args``; yield (process, url) once ready; always terminate."""
-    cmd = [sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-m", "cluster.cli",
            "broker", "--host", HOST, "--port", "0", *args]
     # stderr (the logs) goes to a file, not a pipe: nobody drains a pipe after the ready line, and a
     # broker logging more than a pipe buffer (~64 KB) would block on write and hang the test.

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from benchmarks import broker_bench
-from benchmarks.common import SYSTEMS, mosquitto_binary
+from benchmarks.harness.peers import SYSTEMS
+from benchmarks.harness.versions import mosquitto_binary
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -46,7 +46,7 @@ def test_port_in_use_exits_1_naming_it():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())",
+        r = subprocess.run([sys.executable, "-m", "cluster.cli",
                             "broker", "--host", "127.0.0.1", "--port", str(port)],
                            cwd=REPO, capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
@@ -56,6 +56,6 @@ def test_port_in_use_exits_1_naming_it():
 def test_bad_config_exits_2(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[mqtt]\nmax_inflight = 0\n")
-    r = subprocess.run([sys.executable, "-c", "import sys; from fanout.cli import main; sys.exit(main())",
+    r = subprocess.run([sys.executable, "-m", "cluster.cli",
                         "broker", "--config", str(cfg), "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "mqtt.max_inflight" in r.stderr

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from fanout.client.outbox import Failure, Outbox, WriteBatch
+from fanout.client.outbox import Failure, Outbox, OutboxBatch
 from fanout.client.submission import make_submission
 from tests.integration.client_fixtures import (  # noqa: F401 - pytest fixtures
     FANOUT_BIN,
@@ -61,7 +61,7 @@ def test_outbox_status_dead_letters_and_replay(tmp_path: Path) -> None:
     path = tmp_path / "ob"
     ob = Outbox(path)
     subs = [make_submission(i, [f"V{i}"], b"p", f"req-{i}", None, 1000 + i) for i in (1, 2, 3)]
-    ob.apply(WriteBatch(appends=subs, failures=[Failure(2, "invalid_trigger: ids[0]: not a VIN", final=True)]))
+    ob.apply(OutboxBatch(appends=subs, failures=[Failure(2, "invalid_trigger: ids[0]: not a VIN", final=True)]))
     ob.close()
 
     status = json.loads(fanout("outbox", "status", "--outbox-dir", str(path), "--json").stdout)

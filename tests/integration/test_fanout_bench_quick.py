@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from benchmarks import fanout_bench, fleet_bench
-from benchmarks.common import SYSTEMS, mosquitto_binary
-from benchmarks.scenarios.cluster import EmbeddedCluster
+from benchmarks.harness.cluster import EmbeddedCluster
+from benchmarks.harness.peers import SYSTEMS
+from benchmarks.harness.versions import mosquitto_binary
 
 pytestmark = pytest.mark.timeout(420)
 

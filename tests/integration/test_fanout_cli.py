@@ -1,4 +1,5 @@
-"""The command line: ``fanout up`` as a subprocess (own local Ray), ``fanout status``/``inspect`` against it."""
+"""The command line: ``fanout up`` as a subprocess (own local Ray), ``fanout status``/``inspect`` against it,
+and the data dir lock between ``fanout up`` and offline ``fanout gc``."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from storage.data_dir_lock import DataDirLock
 
 from .fanout_harness import Vehicle, publish_batch
 
@@ -36,7 +39,7 @@ def _read_ready_line(proc: subprocess.Popen, timeout: float) -> str:
     return box[0]
 
 
-def test_fanout_up_prints_ready_line_serves_status_and_stops_on_sigterm(tmp_path):
+def test_fanout_up_prints_ready_line_serves_status_refuses_offline_gc_and_stops_on_sigterm(tmp_path):
     data_dir = tmp_path / "data"
     err = open(tmp_path / "up.err", "w")
     proc = subprocess.Popen([FANOUT, "up", "--port", "0", "--data-dir", str(data_dir), "--address", "local"],
@@ -61,10 +64,19 @@ def test_fanout_up_prints_ready_line_serves_status_and_stops_on_sigterm(tmp_path
                                  capture_output=True, text=True, timeout=120, env=_env())
         assert inspect.returncode == 0, inspect.stderr[-2000:]
         assert json.loads(inspect.stdout)["rows"] == 1
+        # offline GC would write the shards behind the dispatchers' backs: refused at once, pointing at --live
+        started = time.monotonic()
+        gc = subprocess.run([FANOUT, "gc", "--now", "--data-dir", str(data_dir)], capture_output=True, text=True,
+                            timeout=120, env=_env())
+        assert gc.returncode == 1 and gc.stdout.strip() == "", gc.stderr[-2000:]  # (the progress display ends its line)
+        assert f"in use by fanout up (pid {proc.pid})" in gc.stderr and "fanout gc --live" in gc.stderr, gc.stderr
+        assert time.monotonic() - started < 60  # refused before Spark starts
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0
         rest = proc.stdout.read()
         assert rest == "", f"only the ready line goes to stdout, got {rest!r}"
+        with DataDirLock(data_dir, "test"):  # released with the process
+            pass
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -99,13 +111,27 @@ def test_fanout_up_with_a_bad_config_exits_2_naming_the_key(tmp_path):
     assert time.monotonic() - started < 60  # refused before any Ray start
 
 
+def test_fanout_up_refuses_a_data_dir_that_offline_gc_holds(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    started = time.monotonic()
+    with DataDirLock(data_dir, "offline gc"):
+        r = subprocess.run([FANOUT, "up", "--port", "0", "--data-dir", str(data_dir), "--address", "local"],
+                           capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 1 and r.stdout == "", r.stderr[-2000:]
+    assert f"in use by offline gc (pid {os.getpid()})" in r.stderr, r.stderr
+    assert time.monotonic() - started < 60  # refused before any Ray start
+    assert not (data_dir / "ray_address").exists()
+
+
 def test_fanout_status_without_a_cluster_exits_1(tmp_path):
     r = subprocess.run([FANOUT, "status", "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120,
                        env=_env())
     assert r.returncode == 1 and "no Ray cluster" in r.stderr
 
 
-@pytest.mark.parametrize("module", ["fanout.cli.up", "fanout.cli.status"])
+@pytest.mark.parametrize("module", ["cluster.cli.up", "cluster.cli.status", "cluster.cli.gc"])
 def test_cli_modules_import_without_ray(module):
-    code = f"import sys, {module}; assert 'ray' not in sys.modules"
+    """Ray is imported by the commands that use it, when they run: ``fanout --help`` or ``send`` stay quick."""
+    code = f"import sys, {module}, cluster.cli; cluster.cli.build_parser(); assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -6,6 +6,10 @@ the whole module; every test uses its own VINs and request ids.
 from __future__ import annotations
 
 import pytest
+import ray
+
+from fanout.records import ConnectEvent, SubscribedEvent, pack_batch
+from storage.keys import shard_of
 
 from .fanout_harness import (
     Puback, Publish, RawClient, Vehicle, fanout_config, platform, publish_batch, running_cluster, trigger_payload,
@@ -149,3 +153,37 @@ def test_unsubscribed_vehicle_is_not_sent_and_gets_it_after_subscribe_and_heartb
         assert car.expect(Publish).topic == "agent/UNSUB1/proxy/request/unsub-1"
     finally:
         car.disconnect()
+
+
+@ray.remote(num_cpus=0)
+class FailingNode:
+    """A connection node whose ``deliver`` raises an ordinary exception (not a dead actor)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def deliver(self, *args: object) -> list:
+        self.calls += 1
+        raise RuntimeError("deliver failed on purpose")
+
+    async def call_count(self) -> int:
+        return self.calls
+
+
+def test_a_failing_deliver_call_clears_in_flight_so_the_row_is_sent_again(fanout):
+    handles = ray.get(fanout.controller.handles.remote())
+    vin = "CALLFAIL1"
+    dispatcher = handles["dispatchers"][shard_of(vin, len(handles["dispatchers"]))]
+    bad = FailingNode.remote()
+    ray.get(dispatcher.set_nodes.remote({**handles["nodes"], "bad": bad}))
+    try:
+        # the dispatcher believes vin is connected and subscribed on node "bad"
+        ray.get(dispatcher.events.remote("bad", pack_batch([
+            ConnectEvent.build(vin, 1, False, False, None), SubscribedEvent.build(vin, 1, True, None)])))
+        publish_batch(fanout.port, [vin], "callfail-1")
+        wait_until(lambda: ray.get(bad.call_count.remote()) >= 1, 15, "a deliver call to the failing node")
+        # call_failed cleared the in-flight row: it stays pending for the next trigger
+        wait_until(lambda: fanout.inspect("vin", vin)["state"]["inflight"] is None, 10, "in-flight state cleared")
+        assert pending_of(fanout, vin) == 1
+    finally:
+        ray.get(dispatcher.set_nodes.remote(handles["nodes"]))  # "bad" is down: its connection is forgotten

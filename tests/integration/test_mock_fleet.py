@@ -1,4 +1,4 @@
-"""The mock fleet (``scripts/mock_vehicles.py``) against ``fanout broker`` run as a subprocess.
+"""The mock fleet (``scripts.mock_vehicles``) against ``fanout broker`` run as a subprocess.
 
 A raw codec publisher (anonymous clients are ``admin`` in this broker's config) publishes a known
 sequence of QoS 1 messages on the vehicles' delivery topics; the fleet's summary must count it exactly:
@@ -193,11 +193,10 @@ def keep_logging(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                  keep_logging: Any) -> None:
-    script = REPO / "scripts" / "mock_vehicles.py"
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, str(script), "--port", str(port), "--vin-prefix", "CLI", "--count", "5",
-                           "--duration", "1", "--display", "off", "--summary", str(out)],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-m", "scripts.mock_vehicles", "--port", str(port), "--vin-prefix", "CLI",
+                           "--count", "5", "--duration", "1", "--display", "off", "--summary", str(out)],
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary == json.loads(out.read_text())
@@ -212,12 +211,11 @@ def test_cli_prints_json_summary_and_exit_status(port: int, tmp_path: Path, caps
 
 def test_mock_platform_sends_requests_and_fails_on_errors(port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          keep_logging: Any) -> None:
-    script = REPO / "scripts" / "mock_platform.py"
     order = tmp_path / "order.txt"
-    proc = subprocess.run([sys.executable, str(script), "--port", str(port), "--username", "platform", "--password",
-                           "platform", "--vin-prefix", "PLT", "--count", "20", "--requests", "3", "--request-id", "job",
-                           "--payload-size", "64", "--order-file", str(order), "--quiet"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-m", "scripts.mock_platform", "--port", str(port), "--username", "platform",
+                           "--password", "platform", "--vin-prefix", "PLT", "--count", "20", "--requests", "3",
+                           "--request-id", "job", "--payload-size", "64", "--order-file", str(order), "--quiet"],
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
     assert (s["submissions"], s["acked"], s["errors"], s["vins"], s["payload_bytes"]) == (3, 3, [], 20, 64)

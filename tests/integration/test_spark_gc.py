@@ -16,7 +16,7 @@ import pytest
 
 from fanout.config import load_config
 from storage import ShardStore, WriteBatch
-from storage.jobs import apply as A
+from storage.jobs import plan_apply as A
 from storage.jobs import plan as P
 from storage.jobs.cycle import run_gc_cycle
 from storage.jobs.export import export_shard
@@ -196,7 +196,7 @@ def test_gc_cycle_offline_on_a_data_dir(spark, tmp_path):
     saved = json.loads((tmp_path / "data" / "export" / "last_gc.json").read_text())
     assert saved["deleted"] == 13 and saved["plan_id"] == summary.plan_id
 
-    from fanout.cli import main  # a second cycle (dry run, through the CLI) finds nothing left to collect
+    from cluster.cli import main  # a second cycle (dry run, through the CLI) finds nothing left to collect
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

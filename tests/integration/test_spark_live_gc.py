@@ -9,7 +9,7 @@ import time
 
 import ray
 
-from fanout.wire import join_vins
+from fanout.records import join_vins
 from storage import shard_of
 from storage.jobs.cycle import run_gc_cycle
 

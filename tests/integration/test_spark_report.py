@@ -62,7 +62,7 @@ def test_report_numbers_for_known_deliveries(spark, export_dir, tmp_path):
 
 
 def test_report_of_one_request_through_the_cli(spark, export_dir):
-    from fanout.cli import main
+    from cluster.cli import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

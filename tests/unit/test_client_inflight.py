@@ -5,7 +5,8 @@ import json
 from itertools import count
 
 from fanout.client.inflight import Inflight
-from fanout.client.submission import TRIGGER_TOPIC, Submission, data_topic, make_submission
+from fanout.client.submission import Submission, data_topic, make_submission
+from fanout.trigger import TRIGGER_TOPIC
 
 
 class FakeWire:

@@ -104,7 +104,7 @@ class FakeConnection:
 def fake_net(monkeypatch: pytest.MonkeyPatch) -> FakeNet:
     global NET
     NET = FakeNet()
-    monkeypatch.setattr(pump_mod, "Connection", FakeConnection)
+    monkeypatch.setattr(pump_mod, "BrokerConnection", FakeConnection)
     return NET
 
 
@@ -212,3 +212,51 @@ async def test_durability_always_never_goes_hot(tmp_path: Path, fake_net: FakeNe
         await asyncio.gather(*(h.acked() for h in hs))
         assert await client.drain(5) and client.mode == "cold" and client.status().outbox_depth == 0
     assert fake_net.triggers() == [f"a{i}" for i in range(20)]
+
+
+@pytest.mark.parametrize("durability", ["always", "hybrid"])
+async def test_cold_submit_cancelled_after_the_commit_is_still_delivered(tmp_path: Path, fake_net: FakeNet, durability: str) -> None:
+    """Issue 12: a COLD ``submit`` whose caller is cancelled while its outbox commit is under way.
+    The commit completes (the README says the submission is still delivered), so the pump must be
+    told about it: it goes out, in its place, without any later ``submit`` waking the sender."""
+    async with make(tmp_path, durability=durability, ring_size=1) as client:
+        assert await eventually(lambda: fake_net.current is not None and client._conn is not None)
+        await asyncio.sleep(0.05)  # the first refill after connecting has found the outbox empty
+        handles: list[Any] = []
+
+        async def caller() -> None:
+            if durability == "hybrid":  # no await between the two: the first fills the ring, the second goes COLD
+                handles.append(await client.submit(["A"], b"p", request_id="in-ring"))
+            await client.submit(["A"], b"p", request_id="cancelled")
+
+        task = asyncio.get_running_loop().create_task(caller())
+        await asyncio.sleep(0)  # the second submit is now waiting for its group commit
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert client.mode == "cold"
+        await asyncio.wait_for(asyncio.gather(*(h.acked() for h in handles)), 5)
+        assert await eventually(lambda: "cancelled" in fake_net.triggers(), timeout=3), "left in the outbox"
+        assert await client.drain(5) and client.status().outbox_depth == 0
+        after = await client.submit(["A"], b"p", request_id="after")
+        await asyncio.wait_for(after.acked(), 5)
+    assert fake_net.triggers() == (["in-ring"] if handles else []) + ["cancelled", "after"]
+
+
+@pytest.mark.parametrize("durability", ["always", "hybrid"])
+@pytest.mark.parametrize("request_id", ["a/b", "a\tb", "r" * 129])
+async def test_request_id_the_cluster_rejects_is_refused_and_nothing_is_queued(
+        tmp_path: Path, fake_net: FakeNet, durability: str, request_id: str) -> None:
+    """Issue 12: such an id was accepted, then the cluster's error closed the connection under every
+    in-flight submission. Now ``submit`` raises naming it, and neither the ring nor the outbox holds it."""
+    from fanout.client import SubmissionInvalid
+
+    async with make(tmp_path, durability=durability) as client:
+        with pytest.raises(SubmissionInvalid) as info:
+            await client.submit(["A"], b"p", request_id=request_id)
+        assert info.value.field == "request_id"
+        st = client.status()
+        assert (st.submitted, st.ring_depth, st.in_flight, st.outbox_depth) == (0, 0, 0, 0)
+        ok = await client.submit(["A"], b"p", request_id="ok")
+        await asyncio.wait_for(ok.acked(), 5)
+    assert fake_net.triggers() == ["ok"] and fake_net.connections == 1

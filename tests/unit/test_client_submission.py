@@ -11,11 +11,11 @@ from fanout.client.errors import FanoutRejected, SubmissionInvalid, describe_clu
 from fanout.client.submission import (
     Submission,
     default_data_id,
-    errors_topic,
     iter_trigger_payloads,
     make_submission,
     parse_cluster_error,
 )
+from fanout.trigger import TriggerError, errors_topic, parse_trigger
 
 
 def test_defaults_data_id_is_sha1_and_str_payload_is_utf8() -> None:
@@ -38,6 +38,16 @@ def test_defaults_data_id_is_sha1_and_str_payload_is_utf8() -> None:
         ({"data_id": "a/b"}, "data_id"),
         ({"data_id": "x+"}, "data_id"),
         ({"data_id": ""}, "data_id"),
+        # issue 12: ids the cluster rejects (fanout.trigger's topic-level rule) are refused here, before
+        # they reach the wire, where the cluster's reply closes the connection of every in-flight submission
+        ({"request_id": "a/b"}, "request_id"),
+        ({"request_id": "a\tb"}, "request_id"),
+        ({"request_id": "x" * 129}, "request_id"),
+        ({"request_id": "é" * 65}, "request_id"),  # 130 bytes of UTF-8
+        ({"request_id": "\ud800"}, "request_id"),
+        ({"request_id": "a\x85"}, "request_id"),
+        ({"data_id": "a\tb"}, "data_id"),
+        ({"data_id": "d" * 129}, "data_id"),
     ],
 )
 def test_invalid_arguments_name_the_field(kwargs: dict, field: str) -> None:
@@ -46,6 +56,24 @@ def test_invalid_arguments_name_the_field(kwargs: dict, field: str) -> None:
         make_submission(1, args["vins"], args["payload"], args["request_id"], args["data_id"], 0)
     assert info.value.field == field and str(info.value).startswith(f"{field}: ")
     assert isinstance(info.value, ValueError)
+
+
+@given(st.text(max_size=140), st.text(max_size=140))
+def test_request_and_data_ids_accepted_exactly_when_the_cluster_accepts_them(rid: str, did: str) -> None:
+    """The client's rule is the cluster's: a trigger it would send parses, one it refuses does not."""
+    try:
+        parse_trigger(json.dumps({"ids": ["V1"], "request_id": rid, "data_id": did}).encode())
+    except TriggerError as exc:
+        cluster_field: str | None = exc.field
+    else:
+        cluster_field = None
+    try:
+        make_submission(1, ["V1"], b"p", rid, did, 0)
+    except SubmissionInvalid as exc:
+        client_field: str | None = exc.field
+    else:
+        client_field = None
+    assert client_field == cluster_field
 
 
 def test_trigger_chunks_share_request_id_and_cover_all_vins() -> None:
@@ -73,7 +101,7 @@ def test_a_single_oversized_vin_is_sent_alone() -> None:
 @given(
     st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=50),
     st.binary(max_size=300),
-    st.text(min_size=1, max_size=40).filter(lambda r: not any(c in r for c in "+#\x00")),
+    st.text(st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="/+#"), min_size=1, max_size=32),
     st.integers(1, 2**62),
 )
 def test_pack_unpack_round_trip(vins: list[str], payload: bytes, rid: str, seq: int) -> None:

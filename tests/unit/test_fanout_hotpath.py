@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from fanout.config import load_config
+from fanout.config import load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
 from fanout.mqtt.codec import encode
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connect, Subscribe
-from fanout.shard_core import ShardCore, TickRows
-from fanout.wire import join_vins, pack_batch, split_vins, unpack_batch
+from fanout.dispatcher.ingest_batch import merge_head_result, split_head
+from fanout.dispatcher.rows import TickRows
+from fanout.records import join_vins, pack_batch, split_vins, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.keys import ids_key
 
@@ -69,12 +70,12 @@ def test_ack_rows_equals_ack(store):
 def test_split_head_keeps_every_vin_once_and_merges_results():
     vins = [f"V{i:03d}" for i in range(10)]
     items = [("r1", "d1", join_vins(vins), 7), ("r2", "d1", "X1", 8)]
-    assert ShardCore.split_head(items, 5) is None  # not much bigger than the head
-    head, rest = ShardCore.split_head(items, 3)
+    assert split_head(items, 5) is None  # not much bigger than the head
+    head, rest = split_head(items, 3)
     assert split_vins(head[0][2]) == vins[:3] and split_vins(rest[0][2]) == vins[3:]
     assert head[0][::3] == rest[0][::3] == ("r1", 7) and rest[1] == items[1]
-    assert ShardCore.merge_head_result({"vins": 3}, {"vins": 7}) == {"vins": 10}
-    assert ShardCore.merge_head_result("unknown data_id", "unknown data_id") == "unknown data_id"
+    assert merge_head_result({"vins": 3}, {"vins": 7}) == {"vins": 10}
+    assert merge_head_result("unknown data_id", "unknown data_id") == "unknown data_id"
 
 
 def test_pack_batch_roundtrip_and_passthrough():
@@ -85,7 +86,7 @@ def test_pack_batch_roundtrip_and_passthrough():
 
 def test_deliver_covering_hint_falls_back_to_the_full_match():
     cfg = load_config(None, env={})
-    broker = Broker(cfg, AccessControl(cfg, listener_is_loopback=True), None, now_ms=1)
+    broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), None, now_ms=1)
     conn = broker.connection_made(1, ("127.0.0.1", 1))
     broker.data_received(conn, encode(Connect("V1", True, 60, None, None, None))
                          + encode(Subscribe(1, (("agent/V1/proxy/request/+", 0), ("agent/V1/proxy/request/r1", 1)))), 1)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 from rich.console import Console
 
-from fanout.cli import build_parser, main
-from fanout.cli.gc_cmd import print_report, print_summary
+from cluster.cli import build_parser, main
+from fanout.cli.jobs import print_report, print_summary
 from storage import ShardStore, WriteBatch
+from storage.data_dir_lock import DataDirLock
 from storage.jobs.export import read_watermarks
 
 T0 = 1_700_000_000_000
@@ -36,6 +38,19 @@ def test_gc_and_export_without_shards_fail_cleanly(tmp_path, capsys):
     assert main(["export", "--data-dir", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert "fanout: gc: no shard-<k> store under" in err and "fanout: export:" in err
+
+
+def test_offline_gc_refuses_a_data_dir_that_fanout_up_holds(tmp_path, capsys):
+    """Refused before any Spark start, naming the holder and ``--live``; the stores stay untouched."""
+    data = tmp_path / "data"
+    with ShardStore(data / "shard-0", 0, sync=False) as s:
+        s.apply(WriteBatch().put_blob("d", b"x", T0).enqueue_many(["V1"], T0, "r", "d"))
+    with DataDirLock(data, "fanout up"):
+        assert main(["gc", "--now", "--data-dir", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert f"fanout: gc: the data dir {data} is in use by fanout up (pid {os.getpid()})" in err
+    assert f"fanout gc --live --data-dir {data}" in err
+    assert not (data / "export").exists()
 
 
 def _render(fn, *args) -> str:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from fanout.cli import main
-from fanout.config import ConfigError, load_config
+from cluster.cli import main
+from fanout.config import ConfigError, load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl, Principal, filter_covers, hash_password, is_loopback_host, verify_password
 from fanout.mqtt.topics import topic_matches
 
@@ -23,10 +23,11 @@ OTHER = "WVWZZZ1JZXW000002"
 
 
 def make_cfg(tmp_path, text: str = "", **mqtt):
+    """The MQTT settings of a config file with ``text``, ``[mqtt]`` keys overridden by ``mqtt``."""
     path = tmp_path / "fanout.toml"
     path.write_text(text, encoding="utf-8")
     cfg = load_config(path, env={})
-    return cfg.replace("mqtt", **mqtt) if mqtt else cfg
+    return mqtt_settings(cfg.replace("mqtt", **mqtt) if mqtt else cfg)
 
 
 def users_toml(**users: tuple[str, str]) -> str:
@@ -337,7 +338,7 @@ def test_filter_covers_is_exact_on_a_small_universe():
 
 @pytest.fixture
 def cli(monkeypatch):
-    """fanout.cli.main without fanout.log.configure: that binds this test's captured sys.stderr into the
+    """cluster.cli.main without fanout.log.configure: that binds this test's captured sys.stderr into the
     process-wide structlog config, and later tests would log into a closed file."""
     monkeypatch.setattr("fanout.log.configure", lambda **kwargs: None)
     return main

@@ -1,7 +1,7 @@
 """Session state: packet ids, inflight window, bounded queue with drop policies, QoS 2 states."""
 from __future__ import annotations
 
-from fanout.config import load_config
+from fanout.config import load_config, mqtt_settings
 from fanout.mqtt.session import RELEASED, SENT, OutMsg, Session, SessionLimits
 
 
@@ -13,9 +13,9 @@ def _msg(n: int, qos: int = 1, tag=None) -> OutMsg:
     return OutMsg(f"t/{n}", b"%d" % n, qos, False, tag)
 
 
-def test_limits_from_config():
+def test_limits_from_settings():
     cfg = load_config(None, env={"FANOUT_MQTT_MAX_INFLIGHT": "5", "FANOUT_MQTT_OFFLINE_DROP": "newest"})
-    lim = SessionLimits.from_config(cfg.mqtt)
+    lim = SessionLimits.from_settings(mqtt_settings(cfg))
     assert lim == SessionLimits(5, 1000, False)
 
 

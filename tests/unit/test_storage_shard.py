@@ -111,7 +111,7 @@ def test_blob_dedup_refreshes_ts_only(store):
 
 
 def test_blob_dedup_does_not_rewrite_the_data_table(store, monkeypatch):
-    from storage import apply as apply_mod
+    from storage import batch_apply as apply_mod
 
     store.apply(WriteBatch().put_blob("d1", b"x" * 10_000, T0))
     names = {id(handle): name for name, handle in store._dbs._asdict().items()}

@@ -1,0 +1,44 @@
+"""The connection node's shard link over in-process DispatcherCores: what the Dispatcher actor does for
+blobs and ingest (the same core calls, in the same order), minus Ray, replication and the event loop.
+The Ray-free benchmark (:mod:`benchmarks.hotpath_bench`) and the node-core unit tests drive a NodeCore
+with it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fanout.dispatcher.core import DispatcherCore
+
+
+class LocalShardLink:
+    """:class:`fanout.node.ingest_rounds.ShardLink` over in-process cores.
+
+    Args:
+        cores: one DispatcherCore per shard, index = shard.
+    """
+
+    def __init__(self, cores: list[DispatcherCore]) -> None:
+        self.cores = cores
+        self.shards = len(cores)
+
+    async def put_blobs(self, shard: int, items: list[tuple]) -> list[None]:
+        core = self.cores[shard]
+        core.applied(core.store.apply(core.blob_batch(items)).counts)
+        core.blobs_stored(items)
+        return [None] * len(items)
+
+    async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
+        return self.cores[shard].has_data(data_ids)
+
+    async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
+        core = self.cores[shard]
+        job = core.ingest_job(items)
+        for part in job.parts():
+            if part.batch:
+                core.applied(core.store.apply(part.batch).counts)
+                for _ready, _give_way in core.dispatch_slices(part.vin_lists):
+                    pass
+        return job.results()
+
+
+__all__ = ["LocalShardLink"]

@@ -1,0 +1,72 @@
+"""The blobs a dispatcher reads: which data ids exist on its shard, and a byte-bounded cache of contents.
+
+Strategy: every delivery batch carries each blob it needs once; the same few blobs serve thousands of
+rows (one per request), so they are read from the local store once and kept, up to
+:data:`BLOB_CACHE_BYTES` (cleared when full: the working set is a handful of recent requests). Which data
+ids exist is asked by every ingest round (``has_data``) and remembered once seen.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+BLOB_CACHE_BYTES = 64 << 20
+
+
+class BlobCache:
+    """Blob contents and known data ids of one shard.
+
+    Args:
+        store: the shard's ``ShardStore`` (``get_blob``, ``get_meta``).
+        max_bytes: most blob bytes kept.
+    """
+
+    __slots__ = ("_store", "_blobs", "_bytes", "_known", "_max_bytes")
+
+    def __init__(self, store: Any, max_bytes: int = BLOB_CACHE_BYTES) -> None:
+        self._store = store
+        self._blobs: dict[str, bytes] = {}
+        self._bytes = 0
+        self._known: set[str] = set()
+        self._max_bytes = max_bytes
+
+    def get(self, data_id: str) -> bytes | None:
+        """The blob of ``data_id``, or None when it is not on this shard (garbage-collected)."""
+        blob = self._blobs.get(data_id)
+        if blob is None:
+            blob = self._store.get_blob(data_id)
+            if blob is None:
+                return None
+            if self._bytes + len(blob) > self._max_bytes:
+                self._blobs.clear()
+                self._bytes = 0
+            self._blobs[data_id] = blob
+            self._bytes += len(blob)
+        return blob
+
+    def stored(self, data_ids: Iterable[str]) -> None:
+        """These blobs were (re)written: they exist, cached contents may be stale."""
+        for data_id in data_ids:
+            self._known.add(data_id)
+            old = self._blobs.pop(data_id, None)
+            if old is not None:
+                self._bytes -= len(old)
+
+    def has_data(self, data_ids: list[str]) -> list[bool]:
+        """Whether each data id has a blob on this shard."""
+        known = self._known
+        out = []
+        for d in data_ids:
+            ok = d in known or self._store.get_meta(d) is not None
+            if ok:
+                known.add(d)
+            out.append(ok)
+        return out
+
+    def forget(self) -> None:
+        """Blobs may have been deleted (a GC batch was applied): drop everything."""
+        self._known.clear()
+        self._blobs.clear()
+        self._bytes = 0
+
+
+__all__ = ["BlobCache", "BLOB_CACHE_BYTES"]

@@ -1,0 +1,284 @@
+"""DispatcherCore: everything one Dispatcher decides, minus Ray and asyncio.
+
+Strategy: the Dispatcher actor only moves batches (Ray calls, the writer thread, the tick); the decisions
+live here so they are unit-testable with a real ``ShardStore`` and no cluster. The core composes:
+
+- :class:`fanout.dispatcher.machine.VinDispatcher`, the per-VIN state machine (its public hooks cover
+  what a real node adds: a send the node could not hand over, the filtering of VINs worth a store read);
+- :class:`fanout.dispatcher.rows.TickRows`: every next-row question of an event batch (or of a slice of
+  a new batch) answered from ONE read transaction;
+- :class:`fanout.dispatcher.takeover.TakeoverRegistry`: two live connections of one client id on
+  different nodes -> the older one is kicked;
+- :class:`fanout.dispatcher.blobs.BlobCache`: known data ids and blob contents read locally;
+- :class:`fanout.dispatcher.output.TickOutput`: a tick's :class:`fanout.records.Delivery` orders and
+  kicks per node, and the deletes to write;
+- :mod:`fanout.dispatcher.ingest_batch`: the write batches of ingest and the head-first policy.
+
+Writes are only ever :class:`storage.WriteBatch` objects returned to the caller, which applies them on the
+shard's single writer: the acks of a tick in one batch, a round of blobs in one batch, a round of
+triggers in one batch (two for a big trigger, head first). That keeps every mutation shippable by the
+replication layer.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import structlog
+
+from fanout.dispatcher import introspection
+from fanout.dispatcher.blobs import BlobCache
+from fanout.dispatcher.ingest_batch import HEAD_WRITE_VINS, IngestJob, blob_batch, ingest_batch
+from fanout.dispatcher.machine import Delete, VinDispatcher
+from fanout.dispatcher.output import TickOutput
+from fanout.dispatcher.rows import TickRows
+from fanout.dispatcher.takeover import TakeoverRegistry
+from fanout.mqtt.hooks import DeliverStatus
+from fanout.records import (
+    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
+)
+from storage import WriteBatch
+from storage.keys import VIN_RE
+
+log = structlog.get_logger(__name__)
+
+DISPATCH_SLICE = 2000  # VINs of a new batch dispatched per event-loop turn (the tick ships in between)
+
+
+class DispatcherCore:
+    """The state and decisions of one dispatcher (one shard).
+
+    Args:
+        store: the shard's ``ShardStore`` (read here; written only by the caller).
+        shard: shard index.
+        shards: shard count.
+        started_ms: wall-clock start of this dispatcher (default now): rows older than it may have
+            been in flight under a predecessor, so their first send goes out with DUP=1.
+    """
+
+    def __init__(self, store: Any, shard: int, shards: int, started_ms: int | None = None) -> None:
+        self.store = store
+        self.shard = shard
+        self.shards = shards
+        self.rows = TickRows(store)
+        self.vd = VinDispatcher(self.rows, started_ms=int(time.time() * 1000) if started_ms is None else started_ms)
+        self.registry = TakeoverRegistry()
+        self.blobs = BlobCache(store)
+        self.output = TickOutput()
+        self.events_in = 0
+        self.rows_enqueued = 0
+        self.commits = 0
+        self.discarded = 0
+
+    # -- events from nodes -------------------------------------------------------------------------------
+
+    def apply_events(self, node: str, events: list[tuple]) -> None:
+        """Apply one node's batch of :mod:`fanout.records` events, in order."""
+        vd = self.vd
+        self.events_in += len(events)
+        synced: list[str] = []
+        with self.rows.reading():
+            for e in events:
+                kind = e[0]
+                if kind == EV_ACK:
+                    _, cid, gen, key = e
+                    vd.on_puback(cid, gen, key)
+                elif kind == EV_HEARTBEAT:
+                    _, cid, gen = e
+                    vd.on_heartbeat(cid, gen)
+                elif kind == EV_CONNECT:
+                    _, cid, gen, present, subscribed, key = e
+                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                        vd.on_connect(cid, node, gen, present, key, subscribed=subscribed)
+                elif kind == EV_DISCONNECT:
+                    _, cid, gen = e
+                    self.registry.unregister(node, cid, gen)
+                    if VIN_RE.fullmatch(cid):
+                        vd.on_disconnect(cid, gen)
+                elif kind == EV_SUBSCRIBED:
+                    _, cid, gen, subscribed, at_us = e
+                    vd.on_subscribe(cid, gen, subscribed, at_us)
+                elif kind == EV_FAILED:
+                    _, cid, gen, key = e
+                    vd.on_send_failed(cid, gen, key)
+                elif kind == EV_SYNC:
+                    _, cid, gen, subscribed, key = e
+                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                        vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
+                        synced.append(cid)
+        if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
+            self.dispatch_new(synced)
+
+    def _register(self, node: str, cid: str, gen: int) -> bool:
+        accepted, kick = self.registry.register(node, cid, gen)
+        if kick is not None:
+            self.output.kick(kick[0], cid, kick[1])
+        return accepted
+
+    def node_down(self, node: str) -> None:
+        """A connection node died or restarted: everything connected there is gone."""
+        self.vd.on_node_down(node)
+        self.registry.node_down(node)
+        self.output.node_down(node)
+
+    # -- ingest --------------------------------------------------------------------------------------------
+
+    def blob_batch(self, items: list[tuple]) -> WriteBatch:
+        """One write batch storing :class:`fanout.records.BlobItem` items."""
+        return blob_batch(items)
+
+    def blobs_stored(self, items: list[tuple]) -> None:
+        """After :meth:`blob_batch` was applied: the ids exist, cached contents may be stale."""
+        self.blobs.stored(item[0] for item in items)
+
+    def has_data(self, data_ids: list[str]) -> list[bool]:
+        """Whether each data id has a blob on this shard."""
+        return self.blobs.has_data(data_ids)
+
+    def ingest_batch(self, items: list[tuple]) -> tuple[WriteBatch, list[Any], list[list[str]]]:
+        """The write batch of a round of :class:`fanout.records.IngestItem` (see
+        :func:`fanout.dispatcher.ingest_batch.ingest_batch`)."""
+        return ingest_batch(items, self.blobs.has_data, self.shard)
+
+    def ingest_job(self, items: list[tuple], head_vins: int = HEAD_WRITE_VINS) -> IngestJob:
+        """The writes of one ``ingest`` call, head first for a big trigger (:class:`IngestJob`)."""
+        return IngestJob(items, self.ingest_batch, head_vins)
+
+    def applied(self, counts: dict[str, int]) -> None:
+        """Counters of one commit (``ShardStore.apply`` result), for stats."""
+        self.rows_enqueued += counts.get("enqueue_new", 0)
+        self.commits += 1
+
+    def dispatch_new(self, vins: list[str]) -> int:
+        """"New batch" trigger for some VINs whose rows are durable.
+
+        Returns:
+            How many of them were ready to receive (a send was attempted).
+        """
+        ready = self.vd.ready_vins(vins)
+        if ready:
+            with self.rows.reading():
+                self.vd.on_batch(ready)
+        return len(ready)
+
+    def dispatch_slices(self, vin_lists: list[list[str]]) -> Iterator[tuple[int, bool]]:
+        """"New batch" trigger for the VIN lists of a durable write, :data:`DISPATCH_SLICE` VINs at a time.
+
+        Yields:
+            ``(ready, give_way)`` per slice: the VINs that were ready, and whether the caller should let
+            its event loop run (ship the first sends) before the next slice (a list bigger than a slice).
+        """
+        for vins in vin_lists:
+            big = len(vins) > DISPATCH_SLICE
+            for i in range(0, len(vins), DISPATCH_SLICE):
+                yield self.dispatch_new(vins[i:i + DISPATCH_SLICE]), big
+
+    def forget_data(self) -> None:
+        """Blobs may have been deleted (GC batch applied): drop the caches."""
+        self.blobs.forget()
+
+    # -- the tick -------------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        """Something is queued: actions to drain, deliveries or kicks to ship, deletes to write."""
+        return self.vd.has_actions or self.output.has_work
+
+    def drain(self, now_ms: int) -> None:
+        """Move the machine's queued actions into per-node delivery lists and the delete list."""
+        vd = self.vd
+        out = self.output
+        blob = self.blobs.get
+        build = Delivery.build
+        for _ in range(3):  # a missing blob discards its row and may queue the next one
+            if not vd.has_actions:
+                return
+            plan = vd.drain_actions(now_ms)
+            out.deletes.extend(plan.deletes)
+            for node, sends in plan.sends.items():
+                queue = out.deliveries_to(node)
+                for s in sends:
+                    row = s.row
+                    if blob(row.data_id) is None:
+                        log.warning("fanout row without blob discarded", vin=s.vin, request_id=row.request_id,
+                                    data_id=row.data_id, shard=self.shard)
+                        self.discarded += 1
+                        vd.discard_row(s.vin, row.key)
+                        continue
+                    queue.append(build(s.vin, s.generation, row.key, row.request_id, row.data_id, s.dup))
+                out.prune(node)
+
+    def nodes_with_output(self) -> list[str]:
+        """Nodes with deliveries or kicks queued."""
+        return self.output.nodes()
+
+    def take_node_batch(self, node: str, limit: int | None = None) -> tuple[list[tuple], dict[str, bytes], list[tuple]]:
+        """The :class:`fanout.records.DeliverBatch` for ``node``: deliveries, their blobs (each once), kicks.
+
+        Args:
+            node: the destination.
+            limit: at most this many deliveries (the rest stay queued, oldest first); None = all.
+        """
+        sends, kicks = self.output.take(node, limit)
+        payloads: dict[str, bytes] = {}
+        blob = self.blobs.get
+        for _vin, _gen, _key, _rid, data_id, _dup in sends:
+            if data_id not in payloads:
+                payloads[data_id] = blob(data_id) or b""
+        return sends, payloads, kicks
+
+    def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
+        """One write batch acknowledging every acked row queued so far (``ids`` deleted, ``reqs`` delivered)."""
+        if not self.output.deletes:
+            return None
+        deletes = self.output.take_deletes()
+        return WriteBatch().ack_rows([d.key for d in deletes], now_ms), deletes
+
+    def requeue_deletes(self, deletes: list[Delete]) -> None:
+        """A delete batch failed to apply: put its deletes back in front (retried with the next batch)."""
+        self.output.requeue_deletes(deletes)
+
+    def deletes_applied(self, deletes: list[Delete]) -> None:
+        """The delete batch is durable."""
+        self.vd.on_deleted(deletes)
+
+    def delivery_failures(self, node: str, failures: list[tuple]) -> None:
+        """The node's answer to a ``deliver`` call (:class:`fanout.records.DeliveryFailure` tuples): clear
+        the in-flight state of what it could not hand over."""
+        vd = self.vd
+        for vin, gen, key, status in failures:
+            if status == DeliverStatus.NOT_CONNECTED:
+                vd.on_disconnect(vin, gen)
+            else:
+                vd.on_send_failed(vin, gen, key, unsubscribed=status == DeliverStatus.NOT_SUBSCRIBED)
+
+    def call_failed(self, node: str, sends: list[tuple]) -> None:
+        """A ``deliver`` call raised (not a dead node): its rows stay pending, in-flight state is cleared.
+
+        Args:
+            node: the destination of the call.
+            sends: the call's :class:`fanout.records.Delivery` tuples.
+        """
+        for vin, gen, key, _rid, _did, _dup in sends:
+            self.vd.on_send_failed(vin, gen, key)
+
+    # -- introspection -----------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``fanout status`` and ``$SYS/fanout/...``."""
+        return introspection.shard_stats(self)
+
+    def inspect_vin(self, vin: str) -> dict[str, Any]:
+        """Dispatch state and pending rows of one VIN."""
+        return introspection.inspect_vin(self, vin)
+
+    def inspect_request(self, request_id: str, limit: int = 1000) -> dict[str, Any]:
+        """``reqs`` rows of one request on this shard: counts per status and a sample."""
+        return introspection.inspect_request(self, request_id, limit)
+
+    def inspect_data(self, data_id: str) -> dict[str, Any] | None:
+        """Meta of one blob on this shard, or None."""
+        return self.store.get_meta(data_id)
+
+
+__all__ = ["DispatcherCore", "DISPATCH_SLICE"]

@@ -1,0 +1,324 @@
+"""Outbound message flow of the broker core: routing a message to the matching sessions, the inflight
+window and the session queue, the clients' acknowledgements of what was sent, and the embedding API that
+sends (``deliver``, ``publish_local``).
+
+Strategy: this is the per-message hot path, written for CPython speed:
+
+- never log, never format strings, never build events unless hooks are installed; only bump integer
+  counters on the shared :class:`BrokerState`;
+- write by appending bytes to ``conn.out``; the first append of a connection registers it in the
+  state's dirty list, which :meth:`Broker.flush` joins into one write per connection per loop iteration;
+- route through the subscription trie behind a small cache (topic -> {client id: granted QoS}) that is
+  invalidated by any subscription change; a QoS 0 PUBLISH is encoded once for all its recipients;
+- deliver at min(publish QoS, granted QoS), once per client even with overlapping subscriptions (the
+  trie already returns the maximum granted QoS per client), with RETAIN=0 on routed messages
+  (MQTT-3.3.1-9) and RETAIN=1 only for retained messages replayed on subscribe (MQTT-3.3.1-8);
+- QoS 1/2 go through the session's inflight window; what does not fit (or finds the client offline)
+  is queued in the session, bounded, with counted drops (logged once per sweep by :meth:`report_drops`).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Hashable, Iterable
+
+import structlog
+
+from .codec import encode_publish, encode_pubrel
+from .connection import Connection
+from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
+from .packets import Puback, Pubcomp, Pubrec
+from .session import SENT, OutMsg, Session
+from .state import BrokerState
+from .topics import topic_matches
+
+log = structlog.get_logger(__name__)
+
+MATCH_CACHE_SIZE = 4096
+
+_U16 = struct.Struct(">H").pack
+_SENT = DeliverStatus.SENT
+_QUEUED = DeliverStatus.QUEUED
+
+
+class Delivery:
+    """Routing and outbound delivery over one :class:`BrokerState`."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self._st = state
+        self._write = state.write
+        self._emit = state.emit
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> int:
+        """Store a retained message if asked, then deliver to every matching subscription.
+
+        Returns:
+            The number of sessions the message was given to.
+        """
+        st = self._st
+        if retain:
+            st.retained.set(topic, payload, qos)
+        subs = st.match_cache.get(topic)
+        if subs is None:
+            subs = self.match(topic)
+        if subs:
+            self.fanout(topic, payload, qos, subs, False)
+            return len(subs)
+        return 0
+
+    def match(self, topic: str) -> dict[str, int]:
+        """Trie match through the cache (cleared on every subscription change)."""
+        st = self._st
+        subs = st.trie.match(topic)
+        cache = st.match_cache
+        if len(cache) >= MATCH_CACHE_SIZE:
+            cache.clear()
+        cache[topic] = subs
+        return subs
+
+    def fanout(self, topic: str, payload: bytes, qos: int, subs: dict[str, int], retain: bool) -> None:
+        """Give one message to each subscriber in ``subs`` (client id -> granted QoS)."""
+        st = self._st
+        sessions = st.sessions
+        enc0 = None
+        heads: list[bytes | None] | None = None  # per QoS: PUBLISH bytes before the packet id
+        tb = topic.encode("utf-8")
+        many = len(subs) > 1
+        dirty = st.dirty
+        sent = 0
+        dropped = 0
+        for cid, granted in subs.items():
+            s = sessions.get(cid)
+            if s is None:
+                continue
+            q = granted if granted < qos else qos
+            c = s.conn
+            if q == 0:
+                if c is None:
+                    continue  # QoS 0 is not queued for offline clients
+                if c.write_paused:
+                    dropped += 1
+                    continue
+                if enc0 is None:
+                    enc0 = encode_publish(tb, payload, 0, retain, False, None)  # once for all recipients
+                out = c.out
+                if not out:
+                    if not dirty:
+                        st.wake()
+                    dirty.append(c)
+                out.append(enc0)
+                sent += 1
+            elif c is not None and not s.queue and len(s.inflight) < s.limits.max_inflight:
+                # Session.send + write inlined: the common QoS 1 case
+                inflight = s.inflight
+                pid = s.last_pid + 1
+                if pid > 0xFFFF or pid in inflight:
+                    pid = s.alloc_pid()
+                else:
+                    s.last_pid = pid
+                inflight[pid] = OutMsg(topic, payload, q, retain)
+                out = c.out
+                if not out:
+                    if not dirty:
+                        st.wake()
+                    dirty.append(c)
+                if many:
+                    # Encode the fixed header and topic once per QoS; per recipient only the packet id
+                    # differs (head | pid | payload, joined at flush).
+                    if heads is None:
+                        heads = [None, None, None]
+                    head = heads[q]
+                    if head is None:
+                        full = encode_publish(tb, payload, q, retain, False, 1)
+                        head = heads[q] = full[:len(full) - len(payload) - 2]
+                    out.append(head)
+                    out.append(_U16(pid))
+                    if payload:
+                        out.append(payload)
+                else:
+                    out.append(encode_publish(tb, payload, q, retain, False, pid))
+                sent += 1
+            else:
+                self.queue(s, OutMsg(topic, payload, q, retain))
+        if sent:
+            st.msgs_sent += sent
+            st.pub_sent += sent
+        if dropped:
+            st.pub_dropped += dropped
+
+    def publish_internal(self, topic: str, payload: bytes, qos: int, retain: bool, client_id: str | None = None) -> int:
+        """Publish a server-originated message (will, $SYS): routed, and forwarded when enabled."""
+        if self._st.forward:
+            self._emit(LocalPublish(client_id, topic, payload, qos, retain))
+        return self.route(topic, payload, qos, retain)
+
+    # -- one session -------------------------------------------------------------------------
+
+    def send_msg(self, s: Session, m: OutMsg) -> DeliverStatus:
+        """Send ``m`` now if the session's window is open, else queue it."""
+        if s.window_open():
+            pid = s.send(m)
+            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
+            self._st.pub_sent += 1
+            return _SENT
+        return self.queue(s, m)
+
+    def queue(self, s: Session, m: OutMsg) -> DeliverStatus:
+        """Queue ``m`` in the session, counting a drop the queue bound makes."""
+        dropped = s.enqueue(m)
+        if dropped is None:
+            return _QUEUED
+        st = self._st
+        st.pub_dropped += 1
+        st.drops_unreported.add(s)
+        if dropped.tag is not None:
+            self._emit(DeliveryDropped(s.client_id, dropped.tag))
+        return DeliverStatus.DROPPED if dropped is m else _QUEUED
+
+    def drain(self, s: Session) -> None:
+        """Send queued messages while the window has room."""
+        while True:
+            m = s.next_sendable()
+            if m is None:
+                return
+            pid = s.send(m)
+            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
+            self._st.pub_sent += 1
+
+    def resume(self, s: Session) -> None:
+        """On a resumed session: resend in-flight messages (DUP=1) or their PUBREL, then the queue."""
+        conn = s.conn
+        for pid, m in s.resend_order():
+            if m.state == SENT:
+                self._write(conn, encode_publish(m.topic, m.payload, m.qos, m.retain, True, pid))
+                self._st.pub_sent += 1
+            else:
+                self._write(conn, encode_pubrel(pid))
+        self.drain(s)
+
+    def replay_retained(self, s: Session, topic_filter: str, granted: int) -> None:
+        """Send the retained messages matching a new subscription, RETAIN=1 (MQTT-3.3.1-6, -8)."""
+        conn = s.conn
+        for topic, payload, rqos in self._st.retained.matching(topic_filter):
+            q = rqos if rqos < granted else granted
+            if q == 0:
+                self._write(conn, encode_publish(topic, payload, 0, True, False, None))
+                self._st.pub_sent += 1
+            else:
+                self.send_msg(s, OutMsg(topic, payload, q, True))
+
+    def report_drops(self) -> None:
+        """Log the queue drops since the last call, one line per session (called once per sweep)."""
+        st = self._st
+        limits = st.limits
+        for s in st.drops_unreported:
+            log.warning("mqtt session queue full, messages dropped", client_id=s.client_id,
+                        dropped=s.dropped_unreported, dropped_total=s.dropped,
+                        policy="oldest" if limits.drop_oldest else "newest", limit=limits.max_queued)
+            s.dropped_unreported = 0
+        st.drops_unreported.clear()
+
+    # -- acks from the client ----------------------------------------------------------------
+
+    def on_puback(self, conn: Connection, p: Puback) -> None:
+        s = conn.session
+        inflight = s.inflight
+        pid = p.packet_id
+        m = inflight.get(pid)
+        if m is None or m.qos != 1:
+            self._st.acks_unknown += 1
+            return
+        del inflight[pid]
+        if m.tag is not None:
+            self._emit(Delivered(s.client_id, m.tag, 1))
+        if s.queue:
+            self.drain(s)
+
+    def on_pubrec(self, conn: Connection, p: Pubrec) -> None:
+        if conn.session.pubrec(p.packet_id):
+            self._write(conn, encode_pubrel(p.packet_id))
+        else:
+            self._st.acks_unknown += 1
+
+    def on_pubcomp(self, conn: Connection, p: Pubcomp) -> None:
+        s = conn.session
+        m = s.acked(p.packet_id, 2)
+        if m is None:
+            self._st.acks_unknown += 1
+            return
+        if m.tag is not None:
+            self._emit(Delivered(s.client_id, m.tag, 2))
+        if s.queue:
+            self.drain(s)
+
+    # -- embedding API -----------------------------------------------------------------------
+
+    def deliver(self, client_id: str, topic: str, payload: bytes, qos: int = 1, tag: Hashable = None,
+                *, require_subscription: bool = True, covering: Iterable[str] | None = None,
+                dup: bool = False) -> DeliverStatus:
+        """Send one message to one connected client through its session (the fanout delivery path).
+
+        QoS 1/2 messages get a packet id and count against the inflight window (queued when full);
+        a :class:`Delivered` event with ``tag`` follows the PUBACK/PUBCOMP. Not checked against the
+        ACL (the caller is the server itself).
+
+        Args:
+            client_id: the recipient.
+            topic: topic name of the PUBLISH.
+            payload: message bytes.
+            qos: requested QoS; lowered to the best granted QoS of the client's matching
+                subscriptions when ``require_subscription``.
+            tag: opaque value reported back in :class:`Delivered` (and in connect/disconnect events
+                while unacknowledged).
+            require_subscription: only deliver if one of the client's filters matches ``topic``.
+            covering: filters the caller knows match ``topic`` (the fanout edge tracks the ones covering
+                the delivery filter); if one is still subscribed with a granted QoS >= ``qos``, the scan
+                of every filter (``topic_matches`` per filter, the costliest step of a delivery) is skipped.
+            dup: DUP=1 on the first PUBLISH (QoS >= 1): the caller knows it may be a redelivery.
+
+        Returns:
+            A :class:`DeliverStatus`.
+        """
+        s = self._st.sessions.get(client_id)
+        if s is None or s.conn is None:
+            return DeliverStatus.NOT_CONNECTED
+        if require_subscription:
+            granted = -1
+            if covering:
+                subs = s.subs
+                for f in covering:
+                    g = subs.get(f, -1)
+                    if g > granted:
+                        granted = g
+                if granted < qos:  # another filter may grant more: decide on all of them
+                    granted = -1
+            if granted < 0:
+                for f, g in s.subs.items():
+                    if g > granted and topic_matches(f, topic):
+                        granted = g
+            if granted < 0:
+                return DeliverStatus.NOT_SUBSCRIBED
+            if granted < qos:
+                qos = granted
+        if qos == 0:
+            self._write(s.conn, encode_publish(topic, payload, 0, False, False, None))
+            self._st.pub_sent += 1
+            if tag is not None:
+                self._emit(Delivered(client_id, tag, 0))
+            return _SENT
+        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup))
+
+    def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
+        """Publish to local subscribers only (a message forwarded from another node).
+
+        No ACL check, no hooks, no :class:`LocalPublish` event (so nothing is forwarded back). A
+        retained message is stored (mirrored) here too.
+
+        Returns:
+            The number of local sessions the message was given to.
+        """
+        return self.route(topic, payload, qos, retain)
+
+
+__all__ = ["Delivery", "MATCH_CACHE_SIZE"]

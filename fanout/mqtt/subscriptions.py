@@ -1,0 +1,82 @@
+"""SUBSCRIBE and UNSUBSCRIBE of the broker core.
+
+Strategy: a filter is granted when it is valid (section 4.7) and the ACL allows it, else its SUBACK code
+is 0x80 and the reason is logged; a granted filter replaces an identical one of the same client
+(MQTT-3.8.4-3) in the session and in the broker's trie, which is the routing table. Any change clears the
+match cache. The SUBACK is written before the retained messages the new filters match; UNSUBACK is sent
+even when nothing matched (MQTT-3.10.4-4/5).
+"""
+from __future__ import annotations
+
+import structlog
+
+from .codec import encode_suback, encode_unsuback
+from .connection import Connection
+from .delivery import Delivery
+from .hooks import Subscribed, Unsubscribed
+from .packets import SUBACK_FAILURE, Subscribe, Unsubscribe
+from .session import Session
+from .state import BrokerState
+from .topics import InvalidTopic, validate_topic_filter
+
+log = structlog.get_logger(__name__)
+
+
+class Subscriptions:
+    """Subscription changes over one :class:`BrokerState`; ``delivery`` replays retained messages."""
+
+    def __init__(self, state: BrokerState, delivery: Delivery) -> None:
+        self._st = state
+        self._delivery = delivery
+
+    def on_subscribe(self, conn: Connection, p: Subscribe) -> None:
+        st = self._st
+        s: Session = conn.session
+        cid = s.client_id
+        codes = []
+        granted = []
+        for topic_filter, qos in p.topics:
+            try:
+                validate_topic_filter(topic_filter)
+            except InvalidTopic as exc:
+                codes.append(SUBACK_FAILURE)
+                log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason=str(exc))
+                continue
+            if not st.acl.can_subscribe(conn.principal, topic_filter):
+                codes.append(SUBACK_FAILURE)
+                log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason="not authorised")
+                continue
+            st.trie.add(topic_filter, cid, qos)  # MQTT-3.8.4-3: replaces an identical filter
+            if topic_filter not in s.subs:
+                st.subscription_count += 1
+            s.subs[topic_filter] = qos
+            codes.append(qos)
+            granted.append((topic_filter, qos))
+        if granted:
+            st.match_cache.clear()
+        st.write(conn, encode_suback(p.packet_id, codes))  # MQTT-3.8.4-1, MQTT-3.9.3-1
+        for topic_filter, qos in granted:
+            self._delivery.replay_retained(s, topic_filter, qos)
+        if granted:
+            st.emit(Subscribed(cid, conn.generation, tuple(granted)))
+
+    def on_unsubscribe(self, conn: Connection, p: Unsubscribe) -> None:
+        st = self._st
+        s: Session = conn.session
+        removed = []
+        for topic_filter in p.topics:
+            if s.subs.pop(topic_filter, None) is not None:
+                st.trie.remove(topic_filter, s.client_id)
+                st.subscription_count -= 1
+                removed.append(topic_filter)
+        if removed:
+            st.match_cache.clear()
+            st.emit(Unsubscribed(s.client_id, conn.generation, tuple(removed)))
+        st.write(conn, encode_unsuback(p.packet_id))  # MQTT-3.10.4-4/5: even when nothing matched
+
+    def route_filters(self) -> list[str]:
+        """Distinct topic filters subscribed on this node (the route table other nodes forward by)."""
+        return list(self._st.trie.filters())
+
+
+__all__ = ["Subscriptions"]

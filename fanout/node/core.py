@@ -1,0 +1,411 @@
+"""NodeCore: the Ray-free fanout logic of one connection node, plugged into the broker core as its hooks.
+
+Strategy: the broker core (:mod:`fanout.mqtt`) stays a plain MQTT broker; this class turns its event
+batches into what the dispatchers need, and executes what they send back. Nothing here calls Ray: the
+ConnectionNode actor moves the queued batches (:meth:`take_events` when :meth:`events_wait` says they are
+due, :meth:`PeerRoutes.take_forwards`) and supplies a :class:`fanout.node.ingest_rounds.ShardLink`; unit
+tests drive the same object with the in-memory broker.
+
+- Events -> per-dispatcher queues, keyed ``crc32(client_id) % shards`` (the dispatcher that owns the
+  VIN also owns the client id's takeover registry). Only what dispatch needs is reported: connect (with
+  the resumed session's "subscribed" boolean and its unacked fanout row key), disconnect, changes of
+  the "subscribed to a filter covering ``<prefix with VIN>/+``" boolean, heartbeats
+  (``ecp/<VIN>/online|heartbeat`` from the client whose id is that VIN), PUBACKs of fanout messages
+  (their tag is the ``ids`` row key) and drops. Everything else (publishes, pings, other subscriptions)
+  never leaves the node.
+- Generations: the broker numbers connections per node; :class:`fanout.generations.GenerationClock` maps each
+  accepted connection to a cluster-wide increasing number, kept in ``_live`` with the shard, so later
+  events of the connection (which carry only the local number, or none) are translated by a dict lookup.
+- Deliveries (:meth:`apply_deliveries`): one ``Broker.deliver`` per send, QoS 1, tag = row key,
+  ``require_subscription`` on; a send for a connection that is not the live one (another generation) is
+  refused as NOT_CONNECTED without touching the broker. Only failures are returned.
+- Ingest tickets queue up and run in rounds (:mod:`fanout.node.ingest_rounds`); the outcome of each ticket is applied
+  in order: ``complete_publish`` (PUBACK after the durable write) or ``reject_publish`` (JSON error on
+  ``$SDV-FANOUT/errors/<client_id>``, forwarded to the other nodes too, then close).
+- Local publishes (and wills) are queued for the peers whose announced filters match; retained ones are
+  mirrored to every peer (:mod:`fanout.node.peer_routes`).
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import structlog
+
+from fanout.generations import GenerationClock
+from fanout.mqtt.auth import filter_covers
+from fanout.mqtt.hooks import (
+    BrokerHooks, ClientConnected, ClientDisconnected, Delivered, DeliveryDropped, DeliverStatus, Heartbeat,
+    IngestTicket, LocalPublish, Subscribed, Unsubscribed,
+)
+from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
+from fanout.node.event_batching import EventBatching
+from fanout.node.ingest_rounds import IngestRounds, ShardLink
+from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
+from fanout.records import (
+    EV_HEARTBEAT, AckEvent, ConnectEvent, DeliveryFailure, DisconnectEvent, FailedEvent, HeartbeatEvent,
+    SubscribedEvent, SyncEvent,
+)
+from fanout.trigger import ERRORS_TOPIC_PREFIX
+from storage.keys import VIN_RE, shard_of
+
+log = structlog.get_logger(__name__)
+
+_NOT_CONNECTED = DeliverStatus.NOT_CONNECTED
+_FAILED_MIN = DeliverStatus.NOT_CONNECTED  # NOT_CONNECTED, NOT_SUBSCRIBED, DROPPED
+_HEARTBEAT_SUFFIXES = ("/online", "/heartbeat")
+
+
+class NodeCore(BrokerHooks):
+    """Hooks of one node's broker; see the module docstring.
+
+    Args:
+        config: loaded config (``fanout.topic_prefix``, ingest limits).
+        node_id: this node's id, as the dispatchers and peers know it.
+        link: dispatcher calls for ingest rounds (its ``shards`` is the dispatcher count).
+        on_pending: called (no arguments) when events, tickets or forwards become pending; the actor
+            schedules its next flush from it.
+        clock_us: wall clock in microseconds (generations); tests inject one.
+    """
+
+    intercept_ingest = True
+    forward_publishes = True
+
+    def __init__(self, config: Any, node_id: str, link: ShardLink, *, on_pending: Callable[[], None] | None = None,
+                 clock_us: Callable[[], int] | None = None) -> None:
+        self.node_id = node_id
+        self.broker: Any = None
+        self.shards = int(link.shards)
+        self._prefix: str = config.fanout.topic_prefix if config is not None else DEFAULT_TOPIC_PREFIX
+        self.topics = DeliveryTopics(self._prefix)
+        self._gens = GenerationClock(clock_us)
+        self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
+        wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
+        self.ingest = IngestRounds(config, link, wall_ms=wall)
+        self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix))
+        self._wake = on_pending or (lambda: None)
+        # client id -> (local generation, global generation, shard, is_vin)
+        self._live: dict[str, tuple[int, int, int, bool]] = {}
+        self._cover: dict[str, set[str]] = {}  # client id -> its filters covering the delivery filter
+        self._out: list[list[tuple]] = [[] for _ in range(self.shards)]
+        self._pending_shards: set[int] = set()
+        # A queued event other than a PUBACK or heartbeat (those are the bulk, and wait for a fuller batch).
+        self.urgent_events = False
+        self.batching = EventBatching()
+        self._tickets: list[IngestTicket] = []
+        self.delivered = 0
+        self.deliver_failures = 0
+
+    def attach(self, broker: Any) -> None:
+        """Give the edge its broker (created with this object as ``hooks``)."""
+        self.broker = broker
+
+    # -- broker events ---------------------------------------------------------------------------------
+
+    def on_events(self, events: list[Any]) -> None:
+        """Translate one broker event batch (called from ``Broker.flush``, in the loop thread)."""
+        live = self._live
+        out = self._out
+        pending = self._pending_shards
+        ack = AckEvent.build
+        woke = False
+        for e in events:
+            t = type(e)
+            if t is Delivered:
+                entry = live.get(e.client_id)
+                if entry is not None and type(e.tag) is bytes:
+                    sh = entry[2]
+                    out[sh].append(ack(e.client_id, entry[1], e.tag))
+                    pending.add(sh)
+                    self.delivered += 1
+            elif t is Heartbeat:
+                self._heartbeat(e)
+            elif t is LocalPublish:
+                if self.routes.forward(e.topic, e.payload, e.qos, e.retain):
+                    woke = True
+            elif t is IngestTicket:
+                self._tickets.append(e)
+                woke = True
+            elif t is ClientConnected:
+                self._connected(e)
+            elif t is ClientDisconnected:
+                self._disconnected(e)
+            elif t is Subscribed:
+                self._subscribed(e)
+            elif t is Unsubscribed:
+                self._unsubscribed(e)
+            elif t is DeliveryDropped:
+                entry = live.get(e.client_id)
+                if entry is not None and type(e.tag) is bytes:
+                    self._emit(entry[2], FailedEvent.build(e.client_id, entry[1], e.tag))
+        if woke or pending:
+            self._wake()
+
+    def _emit(self, shard: int, event: tuple) -> None:
+        self._out[shard].append(event)
+        self._pending_shards.add(shard)
+        if event[0] != EV_HEARTBEAT:
+            self.urgent_events = True  # presence changes (connect, subscribe, drop) ship at the next tick
+
+    def _covering(self, client_id: str, filters: Any) -> set[str]:
+        target = self.topics.filter(client_id)
+        return {f for f in filters if filter_covers(f, target)}
+
+    def _connected(self, e: ClientConnected) -> None:
+        cid = e.client_id
+        gen = self._gens.next()
+        shard = shard_of(cid, self.shards)
+        is_vin = VIN_RE.fullmatch(cid) is not None
+        self._live[cid] = (e.generation, gen, shard, is_vin)
+        subscribed = False
+        key: bytes | None = None
+        self._cover.pop(cid, None)
+        if is_vin and e.session_present:
+            s = self.broker.session_of(cid) if self.broker is not None else None
+            cover = self._covering(cid, s.subs) if s is not None else set()
+            if cover:
+                self._cover[cid] = cover
+                subscribed = True
+            key = next((tag for tag in (*e.resent_tags, *e.queued_tags) if type(tag) is bytes), None)
+        self._emit(shard, ConnectEvent.build(cid, gen, e.session_present, subscribed, key))
+
+    def _disconnected(self, e: ClientDisconnected) -> None:
+        cid = e.client_id
+        entry = self._live.get(cid)
+        if entry is None or entry[0] != e.generation:
+            return  # an older connection of a client id that already reconnected here
+        del self._live[cid]
+        self._cover.pop(cid, None)
+        if not e.session_kept:
+            self.routes.mark_dirty()
+        self._emit(entry[2], DisconnectEvent.build(cid, entry[1]))
+
+    def _subscribed(self, e: Subscribed) -> None:
+        self.routes.mark_dirty()
+        entry = self._live.get(e.client_id)
+        if entry is None or entry[0] != e.generation or not entry[3]:
+            return
+        new = self._covering(e.client_id, (f for f, _q in e.filters))
+        if not new:
+            return
+        have = self._cover.get(e.client_id)
+        if have:
+            have.update(new)
+            return
+        self._cover[e.client_id] = new
+        self._emit(entry[2], SubscribedEvent.build(e.client_id, entry[1], True, self._wall_us()))
+
+    def _unsubscribed(self, e: Unsubscribed) -> None:
+        self.routes.mark_dirty()
+        entry = self._live.get(e.client_id)
+        have = self._cover.get(e.client_id)
+        if entry is None or entry[0] != e.generation or not have:
+            return
+        have.difference_update(e.filters)
+        if not have:
+            del self._cover[e.client_id]
+            self._emit(entry[2], SubscribedEvent.build(e.client_id, entry[1], False, None))
+
+    def _heartbeat(self, e: Heartbeat) -> None:
+        cid = e.client_id
+        topic = e.topic  # ecp/<VIN>/online or ecp/<VIN>/heartbeat, published by <VIN> itself
+        n = len(cid)
+        if topic[4:4 + n] != cid or topic[4 + n:] not in _HEARTBEAT_SUFFIXES:
+            return
+        entry = self._live.get(cid)
+        if entry is not None and entry[0] == e.generation and entry[3]:
+            self._emit(entry[2], HeartbeatEvent.build(cid, entry[1]))
+
+    # -- queues the actor ships -------------------------------------------------------------------------
+
+    def has_events(self) -> bool:
+        """True when some dispatcher has events waiting."""
+        return bool(self._pending_shards)
+
+    def pending_events(self) -> int:
+        """How many events wait, over every dispatcher."""
+        out = self._out
+        return sum(len(out[s]) for s in self._pending_shards)
+
+    def events_wait(self, now_s: float) -> float | None:
+        """When the queued events are due (:mod:`fanout.node.event_batching`).
+
+        Args:
+            now_s: current time (the actor's loop clock).
+
+        Returns:
+            None when no event waits, 0.0 when they are due (:meth:`take_events` now), else the seconds
+            until they are.
+        """
+        if not self._pending_shards:
+            return None
+        return self.batching.wait(now_s, self.urgent_events, self.pending_events)
+
+    def take_events(self, busy: set[int] | frozenset[int] = frozenset(),
+                    now_s: float | None = None) -> dict[int, list[tuple]]:
+        """Take the queued events of every shard not in ``busy`` (a busy shard keeps accumulating).
+
+        Args:
+            busy: shards whose previous batch is still being applied.
+            now_s: current time, when the caller follows :meth:`events_wait` (events left behind for a
+                busy shard then count as waiting since now).
+        """
+        taken: dict[int, list[tuple]] = {}
+        for shard in list(self._pending_shards):
+            if shard in busy:
+                continue
+            taken[shard] = self._out[shard]
+            self._out[shard] = []
+            self._pending_shards.discard(shard)
+        if not self._pending_shards:
+            self.urgent_events = False
+        self.batching.shipped(now_s, bool(self._pending_shards))
+        return taken
+
+    def sync_events(self, shard: int) -> list[tuple]:
+        """Sync events describing every live connection of ``shard`` (a dispatcher restarted).
+
+        They are put in front of that shard's queue; the queued events that follow are newer.
+        """
+        sync: list[tuple] = []
+        for cid, (_lg, gen, sh, is_vin) in self._live.items():
+            if sh != shard:
+                continue
+            subscribed = bool(self._cover.get(cid)) if is_vin else False
+            key = None
+            s = self.broker.session_of(cid) if (is_vin and self.broker is not None) else None
+            if s is not None:
+                inflight, queued = s.tags()
+                key = next((t for t in (*inflight, *queued) if type(t) is bytes), None)
+            sync.append(SyncEvent.build(cid, gen, subscribed, key))
+        self._out[shard][:0] = sync
+        if self._out[shard]:
+            self._pending_shards.add(shard)
+        return sync
+
+    # -- deliveries and kicks from dispatchers ---------------------------------------------------------------
+
+    def apply_deliveries(self, sends: Sequence[tuple], payloads: dict[str, bytes],
+                         kicks: Sequence[tuple] = ()) -> list[tuple]:
+        """Execute one dispatcher batch.
+
+        Args:
+            sends: :class:`fanout.records.Delivery` tuples.
+            payloads: ``{data_id: blob}`` for the sends.
+            kicks: :class:`fanout.records.Kick` tuples: connections to close (taken over on another node).
+
+        Returns:
+            A :class:`fanout.records.DeliveryFailure` for every send that was not handed to the session
+            (NOT_CONNECTED, NOT_SUBSCRIBED, DROPPED).
+        """
+        failure = DeliveryFailure.build
+        if self.broker is None:  # not started: nothing is connected here yet
+            return [failure(vin, gen, key, _NOT_CONNECTED) for vin, gen, key, _rid, _did, _dup in sends]
+        if kicks:
+            self.kick(kicks)
+        deliver = self.broker.deliver
+        live = self._live
+        cover = self._cover
+        topics = self.topics
+        head, tail, simple = topics.head, topics.tail, topics.simple
+        failures: list[tuple] = []
+        for vin, gen, key, request_id, data_id, dup in sends:
+            entry = live.get(vin)
+            if entry is None or entry[1] != gen:
+                failures.append(failure(vin, gen, key, _NOT_CONNECTED))
+                continue
+            # The covering filters let the broker skip matching the topic against every filter.
+            topic = f"{head}{vin}{tail}{request_id}" if simple else topics.topic(vin, request_id)
+            status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin), dup=dup)
+            if status >= _FAILED_MIN:
+                failures.append(failure(vin, gen, key, int(status)))
+        self.deliver_failures += len(failures)
+        return failures
+
+    def apply_forwards(self, messages: Iterable[tuple]) -> int:
+        """Publishes forwarded by a peer (:class:`fanout.records.Forward` tuples), delivered to this node's
+        subscribers only (never forwarded again).
+
+        Returns:
+            How many local deliveries they made.
+        """
+        if self.broker is None:
+            return 0
+        publish = self.broker.publish_local
+        return sum(publish(topic, payload, qos, retain) for topic, payload, qos, retain in messages)
+
+    def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
+        """Close connections taken over on another node.
+
+        Args:
+            kicks: :class:`fanout.records.Kick` tuples; a generation that is not the live one is ignored
+                (that connection is already gone), ``None`` kicks whatever is live.
+
+        Returns:
+            How many connections were closed.
+        """
+        n = 0
+        for cid, gen in kicks:
+            entry = self._live.get(cid)
+            if entry is not None and (gen is None or entry[1] == gen):
+                if self.broker.kick(cid, "kicked: taken over on another node"):
+                    n += 1
+        return n
+
+    # -- ingest ---------------------------------------------------------------------------------------
+
+    def has_tickets(self) -> bool:
+        """True when intercepted publishes wait for an ingest round."""
+        return bool(self._tickets)
+
+    async def process_ingest(self) -> int:
+        """Run ingest rounds until no ticket waits; acknowledge or reject each ticket in order.
+
+        Returns:
+            The number of tickets processed.
+        """
+        done = 0
+        while self._tickets:
+            tickets, self._tickets = self._tickets, []
+            outcomes = await self.ingest.run(tickets)
+            for t, outcome in zip(tickets, outcomes):
+                if outcome is None:
+                    self.broker.complete_publish(t.client_id, t.packet_id, t.generation)
+                elif outcome != "skip":
+                    self._reject(t, outcome)
+            done += len(tickets)
+        return done
+
+    def _reject(self, t: IngestTicket, error: dict[str, Any]) -> None:
+        if self.broker.reject_publish(t.client_id, t.packet_id, error, t.generation):
+            body = {"client_id": t.client_id, "packet_id": t.packet_id, **error}
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            if self.routes.forward(ERRORS_TOPIC_PREFIX + t.client_id, payload, 1, False):
+                self._wake()
+
+    # -- introspection -------------------------------------------------------------------------------
+
+    def generation_of(self, client_id: str) -> int | None:
+        """Cluster-wide generation of the live connection of ``client_id`` on this node, or None."""
+        entry = self._live.get(client_id)
+        return None if entry is None else entry[1]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``fanout status``."""
+        b = self.broker
+        return {
+            "connections": b.clients_connected if b is not None else 0,
+            "sessions": len(b.sessions) if b is not None else 0,
+            "subscribed_vehicles": len(self._cover),
+            "acks": self.delivered,
+            "deliver_failures": self.deliver_failures,
+            "triggers": self.ingest.triggers_ok,
+            "blobs": self.ingest.blobs_ok,
+            "rejected": self.ingest.rejected,
+            "forwarded": self.routes.forwarded,
+            "peers": sorted(self.routes.peers),
+        }
+
+
+__all__ = ["NodeCore"]

@@ -1,0 +1,77 @@
+"""DispatcherCore's ingest policy as the Dispatcher actor runs it: a big trigger written head first, each
+part built only when the previous one is durable, new rows dispatched in slices."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.local_link import LocalShardLink
+from fanout.dispatcher import core as core_module
+from fanout.dispatcher.core import DispatcherCore
+from fanout.dispatcher.ingest_batch import HEAD_WRITE_VINS, IngestJob
+from fanout.records import BlobItem, ConnectEvent, IngestItem, SubscribedEvent, join_vins
+from storage import ShardStore
+
+
+@pytest.fixture
+def core(tmp_path):
+    store = ShardStore(tmp_path / "shard-0", 0, sync=False)
+    c = DispatcherCore(store, 0, 1, started_ms=0)
+    store.apply(c.blob_batch([BlobItem.build("d1", b"BLOB", 1)]))
+    c.blobs_stored([BlobItem.build("d1", b"BLOB", 1)])
+    yield c
+    store.close()
+
+
+def online(core: DispatcherCore, vins: list[str]) -> None:
+    core.apply_events("n0", [e for i, v in enumerate(vins) for e in (
+        ConnectEvent.build(v, 10 + i, False, False, None), SubscribedEvent.build(v, 10 + i, True, None))])
+
+
+def test_big_trigger_head_is_durable_and_dispatched_before_the_rest_is_built(core):
+    vins = [f"V{i:05d}" for i in range(3 * HEAD_WRITE_VINS)]
+    online(core, vins[:2] + vins[-2:])
+    built: list[int] = []
+
+    def build(items):
+        built.append(sum(len(i[2].split("\n")) for i in items))
+        return core.ingest_batch(items)
+
+    job = IngestJob([IngestItem.build("r1", "d1", join_vins(vins), 5)], build)
+    parts = job.parts()
+    head = next(parts)
+    assert head.head and built == [HEAD_WRITE_VINS]  # the rest is not built before the head is written
+    core.store.apply(head.batch)
+    assert sum(n for n, _ in core.dispatch_slices(head.vin_lists)) == 2  # the head's online vehicles
+    core.drain(20)
+    assert sorted(s[0] for s in core.take_node_batch("n0")[0]) == vins[:2]
+    rest = next(parts)
+    assert not rest.head and built == [HEAD_WRITE_VINS, 2 * HEAD_WRITE_VINS]
+    core.store.apply(rest.batch)
+    assert sum(n for n, _ in core.dispatch_slices(rest.vin_lists)) == 2
+    assert list(parts) == []
+    assert job.results() == [{"vins": len(vins)}]
+    assert core.store.pending_count() == len(vins)
+
+
+def test_small_trigger_is_one_part_and_errors_are_merged_per_item(core):
+    job = core.ingest_job([IngestItem.build("r1", "d1", "A1\nA2", 5), IngestItem.build("r2", "nope", "A1", 5)])
+    parts = list(job.parts())
+    assert [p.head for p in parts] == [False]
+    assert job.results() == [{"vins": 2}, "unknown data_id 'nope' on shard 0"]
+    big = core.ingest_job([IngestItem.build("r3", "nope", join_vins([f"B{i}" for i in range(600)]), 5)], 256)
+    assert [(bool(p.batch), p.head) for p in big.parts()] == [(False, True), (False, False)]
+    assert big.results() == ["unknown data_id 'nope' on shard 0"]  # head and rest report the error once
+
+
+def test_dispatch_slices_give_way_only_inside_a_big_list(core, monkeypatch):
+    monkeypatch.setattr(core_module, "DISPATCH_SLICE", 3)
+    online(core, ["A1", "A7"])
+    lists = [["A1", "A2"], [f"A{i}" for i in range(3, 10)]]
+    assert list(core.dispatch_slices(lists)) == [(1, False), (0, True), (1, True), (0, True)]
+
+
+async def test_the_local_link_runs_the_same_job_as_the_actor(core):
+    link = LocalShardLink([core])
+    vins = [f"C{i:04d}" for i in range(2 * HEAD_WRITE_VINS + 10)]
+    assert await link.ingest(0, [IngestItem.build("r1", "d1", join_vins(vins), 5)]) == [{"vins": len(vins)}]
+    assert core.commits == 2  # head, then rest
