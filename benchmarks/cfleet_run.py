@@ -11,13 +11,14 @@ Strategy:
   the benchmark can wait until the fleet is ready, take an exact counter snapshot (SIGUSR1 makes cfleet
   print a progress line within 10 ms), stop it (SIGTERM: it disconnects and prints its JSON) and read
   its one JSON object from stdout. Every wait is bounded; the process is killed when the ``with``
-  block ends and gets ``PR_SET_PDEATHSIG``, so it never outlives the benchmark.
+  block ends and gets ``PR_SET_PDEATHSIG``, so it never outlives the benchmark. (Not a harness
+  :class:`~benchmarks.harness.processes.Child`: that reads one ready line from stdout and logs stderr to a
+  file, while cfleet's stderr is read line by line for the whole run.)
 - :func:`run_publish` runs ``cfleet publish`` to completion and returns its JSON.
 """
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import signal
 import subprocess
@@ -27,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .common import HOST, REPO, _die_with_parent
+from .harness.processes import HOST, die_with_parent
+from .harness.versions import REPO, files_digest
 
 SOURCES = REPO / "benchmarks" / "cfleet"
 BINARY = REPO / "build" / "cfleet"
@@ -72,11 +74,7 @@ def build(force: bool = False, timeout_s: float = 180.0) -> Path:
 
 def sources_digest() -> str:
     """SHA-1 (12 hex digits) over the cfleet sources as they are on disk."""
-    h = hashlib.sha1()
-    for path in _sources():
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+    return files_digest(_sources())
 
 
 def parse_result(stdout: str) -> dict[str, Any]:
@@ -196,7 +194,7 @@ def run_publish(spec: PublishSpec, timeout_s: float | None = None) -> dict[str, 
     binary = build()
     try:
         out = subprocess.run(spec.argv(binary), capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                             timeout=timeout_s or spec.time_cap_s + 30.0, preexec_fn=_die_with_parent)
+                             timeout=timeout_s or spec.time_cap_s + 30.0, preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired as exc:
         raise CfleetError(f"cfleet publish did not finish within {exc.timeout:.0f} s") from exc
     try:
@@ -256,7 +254,7 @@ class FleetProcess:
     def start(self) -> "FleetProcess":
         binary = build()
         self._proc = subprocess.Popen(self.spec.argv(binary), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      stdin=subprocess.DEVNULL, text=True, preexec_fn=_die_with_parent)
+                                      stdin=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._read_stderr, name="cfleet-stderr", daemon=True)
         self._reader.start()
         return self
@@ -273,12 +271,6 @@ class FleetProcess:
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise CfleetError("cfleet not started")
-        return self._proc.pid
 
     def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None

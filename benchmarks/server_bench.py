@@ -5,7 +5,7 @@ per delivery here), so the servers and not the load generator set the pace. Both
 127.0.0.1 for the whole run and each phase runs on one, then on the other (interleaved: a neighbour's
 load on this shared machine then falls on the compared figures alike):
 
-- ``mosquitto``: Debian's Mosquitto (``make mosquitto``) as :class:`~benchmarks.common.PeerBroker`
+- ``mosquitto``: Debian's Mosquitto (``make mosquitto``) as :class:`~benchmarks.harness.peers.PeerBroker`
   starts it (in memory, 32 messages in flight per client), fed by ``cfleet publish``: one QoS 1
   PUBLISH per vehicle and request on the vehicle's delivery topic, at most 128 unacknowledged (the
   naive platform a broker without a fanout service needs).
@@ -36,11 +36,9 @@ Run alone: ``python -m benchmarks.server_bench [--quick] [--systems mosquitto fa
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
-import resource
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -51,12 +49,12 @@ from scripts.fleet.vins import make_vins
 
 from . import cfleet_run
 from .cfleet_run import FleetProcess, FleetSpec, PublishSpec, run_publish
-from .common import (
-    FD_MARGIN, INFLIGHT_WINDOW, PeerBroker, grouped_bars, machine_info, pyplot, raise_nofile_limit, save_figure,
-    versions, write_result,
-)
-from .scenarios.cluster import BENCH_CONFIG, EmbeddedCluster, cpu_delta, filesystem_of
-from .scenarios.report import at_least, at_most, attempt, dirty_sources, get, log, median_run, ratio
+from .harness.cluster import BENCH_CONFIG, EmbeddedCluster, cpu_delta, filesystem_of
+from .harness.peers import INFLIGHT_WINDOW, PeerBroker
+from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
+from .harness.processes import FD_MARGIN, raise_nofile_limit, storm_size
+from .harness.report import at_least, at_most, attempt, get, median_run, ratio
+from .harness.results import bench_parser, load_avg, log, result_name, run_header, save_result
 from .scenarios.senders import NAIVE_WINDOW, PlatformSender
 
 NAME = "server_bench"
@@ -107,12 +105,6 @@ QUICK = Sizes(vehicles=500, requests=2, fanout_repeats=1, hb_vehicles=500, hb_ra
               connect_cap_s=30.0, idle_s=1.0, quiet_wait_s=0.0)
 
 
-def storm_size(requested: int) -> int:
-    """The largest storm one server process can hold here: its descriptor limit minus a margin."""
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    return requested if hard == resource.RLIM_INFINITY else max(1, min(requested, hard - FD_MARGIN))
-
-
 # ---------------------------------------------------------------------------------------------------
 # measuring helpers
 
@@ -131,10 +123,6 @@ def server_cpu(target: Any) -> tuple[float, dict[str, float] | None]:
 def _own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _r(v: float | None, nd: int = 2) -> float | None:
@@ -253,13 +241,13 @@ async def _finish(fleet: FleetProcess, out: dict[str, Any]) -> dict[str, Any]:
     fleet.stop()
     res = await asyncio.to_thread(fleet.result, 60.0)
     _delivery_summary(out, res)
-    out["load_after"] = _load()
+    out["load_after"] = load_avg()
     return out
 
 
 async def fanout_phase(target: Any, s: Sizes, *, label: str, idle_per_s: float) -> dict[str, Any]:
     """N vehicles connected and subscribed, then R requests to all of them."""
-    out: dict[str, Any] = {"vehicles": s.vehicles, "requests": s.requests, "load_before": _load()}
+    out: dict[str, Any] = {"vehicles": s.vehicles, "requests": s.requests, "load_before": load_avg()}
     with FleetProcess(_fleet_spec(target, s, s.vehicles, FANOUT_START)) as fleet:
         out["fleet_ready_s"] = await asyncio.to_thread(fleet.wait_ready, s.connect_cap_s)
         await asyncio.sleep(1.0)  # the last subscriptions and online events reach the dispatch state
@@ -271,7 +259,7 @@ async def heartbeat_phase(target: Any, s: Sizes, *, label: str, idle_per_s: floa
     """Heartbeats at ``hb_rate`` over the fleet: server CPU per heartbeat, then deliveries during the storm."""
     interval = s.hb_vehicles / s.hb_rate
     out: dict[str, Any] = {"vehicles": s.hb_vehicles, "heartbeat_interval_s": round(interval, 3),
-                           "offered_heartbeats_per_s": s.hb_rate, "requests": s.hb_requests, "load_before": _load()}
+                           "offered_heartbeats_per_s": s.hb_rate, "requests": s.hb_requests, "load_before": load_avg()}
     with FleetProcess(_fleet_spec(target, s, s.hb_vehicles, HB_START, heartbeat_interval=interval)) as fleet:
         await asyncio.to_thread(fleet.wait_ready, s.connect_cap_s)
         await asyncio.sleep(min(interval, 5.0) + 1.0)  # every vehicle is in its heartbeat cycle
@@ -293,9 +281,9 @@ async def heartbeat_phase(target: Any, s: Sizes, *, label: str, idle_per_s: floa
 
 async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, Any]:
     """Vehicles connect, subscribe and publish online as fast as ``storm_concurrency`` allows."""
-    n = storm_size(s.storm_vehicles)
+    n, _ = storm_size(s.storm_vehicles)
     out: dict[str, Any] = {"vehicles": n, "requested_vehicles": s.storm_vehicles, "concurrency": s.storm_concurrency,
-                           "load_before": _load()}
+                           "load_before": load_avg()}
     spec = _fleet_spec(target, s, n, STORM_START, connect_timeout_s=60.0)
     c0, r0 = server_cpu(target)
     t0 = time.monotonic()
@@ -317,7 +305,7 @@ async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, 
         "server_cpu_s": _r(c1 - c0, 3), "settle_s": s.storm_settle_s,
         "server_cpu_us_per_connect": _per((c1 - c0) - idle_per_s * (t1 - t0), connects),
         "server_cpu_us_per_connect_at_ready": _per((c_ready - c0) - idle_per_s * (t_ready - t0), connects),
-        "load_after": _load(), **_fleet_figures(res),
+        "load_after": load_avg(), **_fleet_figures(res),
     })
     if r0 is not None and r1 is not None:
         out["cpu_by_role_s"] = cpu_delta(r0, r1)
@@ -396,25 +384,34 @@ def bench(systems: Sequence[str], s: Sizes, errors: dict[str, str],
     return out
 
 
+# Per system, its flat figures and where each comes from: (figure, phase, the phase's key).
+FLAT: tuple[tuple[str, str, str], ...] = (
+    ("deliveries_per_s", "fanout", "deliveries_per_s"),
+    ("server_cpu_us_per_delivery", "fanout", "server_cpu_us_per_delivery"),
+    ("server_cpu_us_per_delivery_raw", "fanout", "server_cpu_us_per_delivery_raw"),
+    ("latency_p50_ms", "fanout", "latency_p50_ms"),
+    ("latency_p99_ms", "fanout", "latency_p99_ms"),
+    ("connects_per_s", "connection_storm", "connects_per_s"),
+    ("subscribes_per_s", "connection_storm", "subscribes_per_s"),
+    ("connect_latency_p99_ms", "connection_storm", "connect_latency_p99_ms"),
+    ("server_cpu_us_per_connect", "connection_storm", "server_cpu_us_per_connect"),
+    ("heartbeats_per_s", "heartbeat_storm", "heartbeats_per_s"),
+    ("server_cpu_us_per_heartbeat", "heartbeat_storm", "server_cpu_us_per_heartbeat"),
+    ("hb_storm_deliveries_per_s", "heartbeat_storm", "deliveries_per_s"),
+    ("fleet_cpu_us_per_delivery", "fanout", "fleet_cpu_us_per_delivery"),
+    ("fleet_cpu_us_per_connect", "connection_storm", "fleet_cpu_us_per_connect"),
+    ("platform_cpu_us_per_delivery", "fanout", "platform_cpu_us_per_delivery"),
+    ("deliveries_complete", "fanout", "complete"),
+    ("fleet_duplicates", "fanout", "fleet_duplicates"),
+    ("storm_vehicles", "connection_storm", "vehicles"),
+    ("storm_connect_errors", "connection_storm", "connect_errors"),
+)
+
+
 def flatten(sc: dict[str, Any]) -> dict[str, Any]:
+    """One system's figures (:data:`FLAT`, None where a phase failed) and its server's version."""
     ph = sc.get("phases", {})
-    fan, hb, st = ph.get("fanout"), ph.get("heartbeat_storm"), ph.get("connection_storm")
-    return {
-        "deliveries_per_s": get(fan, "deliveries_per_s"), "server_cpu_us_per_delivery": get(fan, "server_cpu_us_per_delivery"),
-        "server_cpu_us_per_delivery_raw": get(fan, "server_cpu_us_per_delivery_raw"),
-        "latency_p50_ms": get(fan, "latency_p50_ms"), "latency_p99_ms": get(fan, "latency_p99_ms"),
-        "connects_per_s": get(st, "connects_per_s"), "subscribes_per_s": get(st, "subscribes_per_s"),
-        "connect_latency_p99_ms": get(st, "connect_latency_p99_ms"),
-        "server_cpu_us_per_connect": get(st, "server_cpu_us_per_connect"),
-        "heartbeats_per_s": get(hb, "heartbeats_per_s"), "server_cpu_us_per_heartbeat": get(hb, "server_cpu_us_per_heartbeat"),
-        "hb_storm_deliveries_per_s": get(hb, "deliveries_per_s"),
-        "fleet_cpu_us_per_delivery": get(fan, "fleet_cpu_us_per_delivery"),
-        "fleet_cpu_us_per_connect": get(st, "fleet_cpu_us_per_connect"),
-        "platform_cpu_us_per_delivery": get(fan, "platform_cpu_us_per_delivery"),
-        "deliveries_complete": get(fan, "complete"), "fleet_duplicates": get(fan, "fleet_duplicates"),
-        "storm_vehicles": get(st, "vehicles"), "storm_connect_errors": get(st, "connect_errors"),
-        "version": sc.get("version"),
-    }
+    return {**{figure: get(ph.get(phase), key) for figure, phase, key in FLAT}, "version": sc.get("version")}
 
 
 def compute_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -444,8 +441,8 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     systems = result["systems"]
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
 
-    def series(*keys: str) -> dict[str, list[Any]]:
-        return {system: [f.get(k) for k in keys] for system, f in systems.items()}
+    def series(*keys: str) -> dict[str, list[float | None]]:
+        return system_series(systems, keys)
 
     p = result["params"]
     grouped_bars(axes[0][0], [f"fanout {p['vehicles']:,} x {p['requests']}", "during heartbeat storm"],
@@ -464,10 +461,8 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
                  target_label="target 300 us", fmt="{:,.0f}", log=True)
     grouped_bars(axes[1][2], ["per heartbeat"], series("server_cpu_us_per_heartbeat"), ylabel="server CPU us",
                  title=f"Heartbeat storm, {p['hb_rate']:,.0f}/s offered (lower is better)", fmt="{:,.1f}")
-    m = result["machine"]
     la = result["load_average"]["start"]
-    fig.suptitle(f"{name} ({result['mode']}) - {m['cpu_model']}, {m['logical_cpus']} CPUs, load average at start "
-                 f"{la[0]}/{la[1]}/{la[2]}; fleet: cfleet", fontsize=10)
+    machine_title(fig, result, name, f"load average at start {la[0]}/{la[1]}/{la[2]}; fleet: cfleet")
     return save_figure(fig, name, out_dir)
 
 
@@ -486,18 +481,16 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequ
         The result object written to JSON.
     """
     s = sizes or (QUICK if quick else FULL)
-    name = f"{NAME}_quick" if quick else NAME
+    name = result_name(NAME, quick)
     fanout_log.configure(level="warning")  # the platform client logs every connect at info
     soft, hard = raise_nofile_limit()
     binary = cfleet_run.build()
     started = time.time()
     errors: dict[str, str] = {}
     result: dict[str, Any] = {
-        "name": name, "mode": "quick" if quick else "full",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": machine_info(), "versions": {**versions(), "uncommitted": dirty_sources()},
-        "load_average": {"start": _load()},
-        "params": {**asdict(s), "storm_vehicles_used": storm_size(s.storm_vehicles), "nofile_soft": soft,
+        **run_header(name, quick, started),
+        "load_average": {"start": load_avg()},
+        "params": {**asdict(s), "storm_vehicles_used": storm_size(s.storm_vehicles)[0], "nofile_soft": soft,
                    "nofile_hard": hard, "systems": list(systems), "phases": list(phases)},
         "targets": TARGETS,
         "fleet": {"name": "cfleet", "binary": str(binary.relative_to(cfleet_run.REPO)),
@@ -545,26 +538,20 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequ
     result["targets_met"] = check_targets(result["systems"], result["ratios"])
     result["fleet"]["cpu_us_per_delivery"] = {k: v.get("fleet_cpu_us_per_delivery") for k, v in result["systems"].items()}
     result["fleet"]["cpu_us_per_connect"] = {k: v.get("fleet_cpu_us_per_connect") for k, v in result["systems"].items()}
-    result["load_average"]["end"] = _load()
+    result["load_average"]["end"] = load_avg()
     result["errors"] = errors
-    result["duration_s"] = round(time.time() - started, 1)
-    path = write_result(name, result, out_dir)
-    result["json_path"] = str(path)
-    result["png_path"] = str(plot(result, name, out_dir))
-    log(NAME, f"wrote {path} and {result['png_path']} in {result['duration_s']} s")
+    save_result(name, result, plot, out_dir, started=started)
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.server_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small numbers (smoke test)")
+    parser = bench_parser(NAME, __doc__, quick_help="small numbers (smoke test)")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument("--vehicles", type=int, default=None, help="fanout and heartbeat vehicles")
     parser.add_argument("--requests", type=int, default=None, help="fanout requests")
     parser.add_argument("--repeats", type=int, default=None, help="fanout runs per system (median reported)")
     parser.add_argument("--storm-concurrency", type=int, default=None, help="handshakes in flight in the storm")
-    parser.add_argument("--out-dir", default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
     changes = {k: v for k, v in (("vehicles", args.vehicles), ("hb_vehicles", args.vehicles), ("requests", args.requests),

@@ -31,9 +31,11 @@ import pytest
 
 from benchmarks import cfleet_run, server_bench
 from benchmarks.cfleet_run import FleetProcess, FleetSpec, PublishSpec, run_fleet, run_publish
-from benchmarks.common import PeerBroker, mosquitto_binary
+from benchmarks.harness.peers import PeerBroker
+from benchmarks.harness.versions import mosquitto_binary
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.packets import Connack, Connect, Publish, Suback, Subscribe
+from tests.integration.fanout_harness import wait_until
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -96,15 +98,6 @@ class Observer:
         self.sock.close()
 
 
-def _wait(pred: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
 def _consistent(r: dict[str, Any]) -> None:
     """Figures of one fleet JSON that must agree with each other whatever the load."""
     assert r["connect_latency_ms"]["count"] == r["connects"]
@@ -139,7 +132,7 @@ def test_every_publish_is_received_and_acknowledged_once(mosquitto: PeerBroker) 
             pub = run_publish(PublishSpec(mosquitto.port, vehicles, requests, start=1, window=64, request_prefix="once",
                                           time_cap_s=CAP_S))
             r = fleet.result(CAP_S + 10)
-        assert _wait(lambda: observer.count("/online") >= vehicles)
+        wait_until(lambda: observer.count("/online") >= vehicles, 5.0, "every online publish at the observer")
         assert observer.count("/online") == vehicles
     finally:
         observer.close()
@@ -216,7 +209,7 @@ def test_partial_reads_heartbeats_and_signals(mosquitto: PeerBroker) -> None:
             pub = run_publish(PublishSpec(mosquitto.port, vehicles, 2, start=2001, payload=big, window=16,
                                           request_prefix="big", time_cap_s=CAP_S))
             assert pub["pubacks"] == 2 * vehicles
-            assert _wait(lambda: fleet.snapshot()["unique"] >= 2 * vehicles, CAP_S / 2)
+            wait_until(lambda: fleet.snapshot()["unique"] >= 2 * vehicles, CAP_S / 2, "every big PUBLISH at the fleet")
             a = fleet.snapshot()
             time.sleep(1.0)
             b = fleet.snapshot()
@@ -224,7 +217,7 @@ def test_partial_reads_heartbeats_and_signals(mosquitto: PeerBroker) -> None:
             r = fleet.result(CAP_S)
         rate = (b["heartbeats"] - a["heartbeats"]) / (b.at - a.at)
         assert vehicles / 0.4 * 0.6 <= rate <= vehicles / 0.4 * 1.4, rate
-        assert _wait(lambda: observer.count("/heartbeat") >= r["heartbeats"])
+        wait_until(lambda: observer.count("/heartbeat") >= r["heartbeats"], 5.0, "every heartbeat at the observer")
         assert observer.count("/heartbeat") == r["heartbeats"]  # QoS 0 over loopback: none lost
     finally:
         observer.close()
