@@ -113,6 +113,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "host": Field("host", "127.0.0.1", _str(), "listener address"),
         "port": Field("port", 1883, _int(0, 65535), "listener port (0 = any free port)"),
         "anonymous_role": Field("anonymous_role", "client", _str(ROLES + ("none",)), "role of clients without username ('none' refuses them)"),
+        "max_connect_size": Field("max_connect_size_bytes", "64KiB", _size(64), "largest CONNECT accepted, before authentication; larger closes the connection"),
         "max_packet_size": Field("max_packet_size_bytes", "1MiB", _size(64), "largest packet accepted; larger closes the connection"),
         "max_platform_packet_size": Field("max_platform_packet_size_bytes", "64MiB", _size(64), "largest packet from platform/admin logins (a 1,000,000-VIN trigger is ~20 MB of JSON)"),
         "sys_interval": Field("sys_interval_ms", "10s", _duration(0), "$SYS publish interval (0 = off)"),

@@ -13,7 +13,8 @@ Strategy:
   handles connect timeouts, keepalive (through a timing wheel, no per-connection timers), ``$SYS`` and
   session expiry.
 - Authentication that may run PBKDF2 (a CONNECT with a user name when users are configured) runs in the
-  default executor so a slow hash never stalls the loop; the broker holds that client's packets.
+  default executor so a slow hash never stalls the loop; the socket is not read meanwhile
+  (``pause_reading``), so a client cannot make the broker buffer what it sends before its CONNACK.
 - Back-pressure: ``pause_writing`` marks the connection; the broker then drops QoS 0 messages for it
   (counted) while QoS 1/2 stay bounded by the inflight window and the session queue.
 - uvloop: :func:`run` uses it when installed. Binding failure raises ``RuntimeError`` naming host:port.
@@ -231,11 +232,17 @@ class MQTTServer:
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop
         assert loop is not None
+        transport = conn.transport
+        if transport is not None:
+            transport.pause_reading()  # nothing more is read from a client until it is authenticated
         fut = loop.run_in_executor(None, fn)
 
         def done(f: asyncio.Future) -> None:
             exc = f.exception()
             self.broker.auth_done(conn, exc if exc is not None else f.result(), _now_ms())
+            t = conn.transport
+            if t is not None and conn.state < CLOSED and not t.is_closing():
+                t.resume_reading()
 
         fut.add_done_callback(done)
 

@@ -52,6 +52,7 @@ class MQTTSettings:
         dev_platform_login: allow ``platform``/``platform`` on a loopback listener without users.
         users: configured logins.
         acl: extra ACL rules, in file order.
+        max_connect_size_bytes: largest CONNECT accepted (before authentication; larger closes the connection).
         max_packet_size_bytes: largest packet accepted from a client.
         max_platform_packet_size_bytes: largest packet from a platform/admin login (after its CONNACK).
         sys_interval_ms: ``$SYS`` publish period (0 = off).
@@ -73,6 +74,7 @@ class MQTTSettings:
     dev_platform_login: bool
     users: tuple[UserConfig, ...]
     acl: tuple[AclRule, ...]
+    max_connect_size_bytes: int
     max_packet_size_bytes: int
     max_platform_packet_size_bytes: int
     sys_interval_ms: int

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .caps import CapCounters
 from .connection import Connection
 from .deadlines import DeadlineWheel
 from .hooks import BrokerHooks
@@ -53,6 +54,7 @@ class BrokerState:
         hooked, ingest_prefix, heartbeat_prefix, forward, error_prefix: the hooks' switches, flattened
             for the per-message path.
         clients_connected ... protocol_errors: ``$SYS`` counters (see :mod:`sys_stats`).
+        caps: hits of the bounds that protect the broker from its clients (see :mod:`caps`).
     """
 
     __slots__ = (
@@ -61,7 +63,7 @@ class BrokerState:
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
         "pub_dropped", "pub_denied", "bytes_received", "bytes_sent", "subscription_count", "acks_unknown",
-        "protocol_errors",
+        "protocol_errors", "caps",
     )
 
     def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None, *, now_ms: int,
@@ -100,6 +102,7 @@ class BrokerState:
         self.subscription_count = 0
         self.acks_unknown = 0
         self.protocol_errors = 0
+        self.caps = CapCounters()
 
     @property
     def sessions_offline(self) -> int:

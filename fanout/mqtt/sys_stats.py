@@ -105,6 +105,8 @@ class SysStats:
             "$SYS/broker/retained messages/count": len(b.retained),
             "$SYS/broker/heap/current": rss_bytes(),
         }
+        for name, hits in b.caps.hits.items():
+            snap[f"$SYS/broker/limits/{name}"] = hits
         for fn in self._sources:
             try:
                 snap.update(fn())
