@@ -76,7 +76,7 @@ def _duration(lo_ms: int = 0) -> Callable[[Any], int]:
     return parse
 
 
-def _size(lo: int = 0) -> Callable[[Any], int]:
+def _size(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         try:
             n = parse_size_bytes(v)
@@ -84,6 +84,8 @@ def _size(lo: int = 0) -> Callable[[Any], int]:
             raise ValueError(str(exc)) from None
         if n < lo:
             raise ValueError(f"must be at least {format_size_bytes(lo)}, got {v!r}")
+        if hi is not None and n > hi:
+            raise ValueError(f"must be at most {format_size_bytes(hi)}, got {v!r}")
         return n
 
     return parse
@@ -116,6 +118,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_connect_size": Field("max_connect_size_bytes", "64KiB", _size(64), "largest CONNECT accepted, before authentication; larger closes the connection"),
         "max_packet_size": Field("max_packet_size_bytes", "1MiB", _size(64), "largest packet accepted; larger closes the connection"),
         "max_platform_packet_size": Field("max_platform_packet_size_bytes", "64MiB", _size(64), "largest packet from platform/admin logins (a 1,000,000-VIN trigger is ~20 MB of JSON)"),
+        "max_topic_levels": Field("max_topic_levels", 128, _int(1, 32768), "most levels in a topic or filter: a deeper filter gets SUBACK 0x80, a deeper topic is acknowledged but not delivered"),
+        "max_topic_length": Field("max_topic_length_bytes", "4KiB", _size(1, 65535), "longest topic or filter (UTF-8 bytes), treated as max_topic_levels is"),
+        "max_subscriptions_per_client": Field("max_subscriptions_per_client", 1000, _int(1), "filters one session may hold; more get SUBACK 0x80"),
         "sys_interval": Field("sys_interval_ms", "10s", _duration(0), "$SYS publish interval (0 = off)"),
         "connect_timeout": Field("connect_timeout_ms", "10s", _duration(100), "drop a connection that sends no CONNECT within this"),
         "max_offline_messages": Field("max_offline_messages", 1000, _int(0), "per-session offline queue bound"),

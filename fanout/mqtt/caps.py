@@ -21,6 +21,9 @@ CAPS: dict[str, str] = {
     "first_packet": "MQTT-3.1.0-1 (the first packet must be CONNECT)",
     "connect_size": "mqtt.max_connect_size",
     "pre_auth_bytes": "mqtt.max_connect_size",
+    "topic_levels": "mqtt.max_topic_levels",
+    "topic_length": "mqtt.max_topic_length",
+    "subscriptions": "mqtt.max_subscriptions_per_client",
 }
 
 

@@ -8,7 +8,8 @@ evictions). Rules enforced, with the statement they implement:
 
 - zero-length client id only with clean session, else CONNACK 0x02 (MQTT-3.1.3-7/8); a unique id is
   assigned (MQTT-3.1.3-6);
-- authentication result 4/5 -> CONNACK 4/5; a will topic the principal may not publish -> 5;
+- authentication result 4/5 -> CONNACK 4/5; a will topic the principal may not publish, or over the
+  topic length/level bounds -> 5;
 - takeover closes the OLD connection and publishes its will (MQTT-3.1.4-2, MQTT-3.1.2-8); more than
   ``takeover_limit`` takeovers of one id within ``takeover_window_ms`` refuse the newcomer with 0x03;
 - clean session discards any previous session (MQTT-3.1.2-6); otherwise it is resumed with session
@@ -37,6 +38,7 @@ from .hooks import ClientConnected, ClientDisconnected
 from .packets import CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect
 from .session import Session
 from .state import BrokerState
+from .topics import over_limits
 
 log = structlog.get_logger(__name__)
 
@@ -108,6 +110,12 @@ class Lifecycle:
             self.refuse(conn, result, "authentication")
             return
         principal = result
+        if p.will is not None:
+            over = over_limits(p.will.topic, st.settings.max_topic_levels, st.settings.max_topic_length_bytes)
+            if over is not None:
+                st.caps.hit(over, client_id=cid, peer=conn.peer, will_topic_length=len(p.will.topic))
+                self.refuse(conn, CONNACK_NOT_AUTHORIZED, "will topic over the topic limits")
+                return
         if p.will is not None and not st.acl.can_publish(principal, p.will.topic):
             self.refuse(conn, CONNACK_NOT_AUTHORIZED, "will topic not authorised")
             return

@@ -55,6 +55,9 @@ class MQTTSettings:
         max_connect_size_bytes: largest CONNECT accepted (before authentication; larger closes the connection).
         max_packet_size_bytes: largest packet accepted from a client.
         max_platform_packet_size_bytes: largest packet from a platform/admin login (after its CONNACK).
+        max_topic_levels: most levels in a topic name or filter.
+        max_topic_length_bytes: longest topic name or filter (UTF-8 bytes).
+        max_subscriptions_per_client: filters one session may hold.
         sys_interval_ms: ``$SYS`` publish period (0 = off).
         connect_timeout_ms: a connection that sends no CONNECT within this is closed.
         max_connections: concurrent connections accepted.
@@ -77,6 +80,9 @@ class MQTTSettings:
     max_connect_size_bytes: int
     max_packet_size_bytes: int
     max_platform_packet_size_bytes: int
+    max_topic_levels: int
+    max_topic_length_bytes: int
+    max_subscriptions_per_client: int
     sys_interval_ms: int
     connect_timeout_ms: int
     max_connections: int

@@ -102,3 +102,73 @@ def test_feed_first_refuses_oversize_from_the_header():
     r = PacketReader(64)
     with pytest.raises(PacketTooLarge):
         r.feed_first(b"\x10\x41")
+
+
+# -- topics and subscriptions ----------------------------------------------------------------------------
+
+
+def test_deep_or_long_filters_get_suback_0x80_and_no_trie_nodes():
+    net = Net(mqtt={"max_topic_levels": 4, "max_topic_length": "64B"})
+    c = net.client()
+    c.connect("a")
+    assert c.subscribe(("a/b/c/d", 1), ("a/b/c/d/e", 1), ("+/" * 40 + "x", 0), ("x" * 65, 0)) == (1, 0x80, 0x80, 0x80)
+    assert net.broker.route_filters() == ["a/b/c/d"]
+    hits = _hits(net)
+    assert (hits["topic_levels"], hits["topic_length"]) == (1, 2)
+    assert net.broker.sys.snapshot(net.now)["$SYS/broker/limits/topic_length"] == 2
+
+
+def test_length_bound_counts_utf8_bytes():
+    net = Net(mqtt={"max_topic_length": "8B"})
+    c = net.client()
+    c.connect("a")
+    assert c.subscribe(("é" * 4, 0), ("é" * 5, 0)) == (0, 0x80)  # 8 and 10 bytes of UTF-8
+
+
+def test_publish_to_a_topic_over_the_bounds_is_acknowledged_not_delivered_not_cached():
+    net = Net(mqtt={"max_topic_levels": 4})
+    sub = net.client()
+    sub.connect("s")
+    sub.subscribe(("#", 1))
+    pub = net.client()
+    pub.connect("p")
+    deep = "a/b/c/d/e"
+    pub.send(Publish(deep, b"x", 1, packet_id=1), Publish("a/b", b"y", 1, packet_id=2))
+    assert pub.take() == [Puback(1), Puback(2)]
+    assert [p.topic for p in sub.take() if isinstance(p, Publish)] == ["a/b"]
+    assert deep not in pub.conn.acl_cache and net.broker.pub_denied == 1
+    assert _hits(net)["topic_levels"] == 1
+
+
+def test_will_topic_over_the_bounds_refuses_the_connect():
+    from fanout.mqtt.packets import Will
+
+    net = Net(mqtt={"max_topic_length": "16B"})
+    c = net.client()
+    assert c.connect("a", will=Will("w" * 17, b"", 0, False)) == Connack(False, 5)
+    assert _hits(net)["topic_length"] == 1
+
+
+def test_subscriptions_per_client():
+    net = Net(mqtt={"max_subscriptions_per_client": 3})
+    c = net.client()
+    c.connect("a")
+    assert c.subscribe(("t/1", 0), ("t/2", 0), ("t/3", 0), ("t/4", 0)) == (0, 0, 0, 0x80)
+    assert c.subscribe(("t/1", 1), pid=2) == (1,)  # replacing a filter is not a new one
+    assert _hits(net)["subscriptions"] == 1
+    other = net.client()
+    other.connect("b")
+    assert other.subscribe(("t/4", 0)) == (0,)  # per client
+    assert net.broker.subscription_count == 4
+
+
+def test_publish_decision_cache_is_bounded_by_bytes():
+    from fanout.config import load_config, mqtt_settings
+    from fanout.mqtt.auth import AccessControl, Principal
+
+    ac = AccessControl(mqtt_settings(load_config(None, env={})), listener_is_loopback=True, decision_cache_bytes=10_000)
+    p = Principal(None, "client", "c")
+    for i in range(100):
+        assert ac.can_publish(p, f"{i:04d}/" + "x" * 1000)
+        assert ac._decision_bytes <= 10_000
+    assert len(ac._decisions) < 10
