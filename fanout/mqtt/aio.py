@@ -16,7 +16,9 @@ Strategy:
   default executor so a slow hash never stalls the loop; the socket is not read meanwhile
   (``pause_reading``), so a client cannot make the broker buffer what it sends before its CONNACK.
 - Back-pressure: ``pause_writing`` marks the connection; the broker then drops QoS 0 messages for it
-  (counted) while QoS 1/2 stay bounded by the inflight window and the session queue.
+  (counted) while QoS 1/2 stay bounded by the inflight window and the session queue. A client whose
+  unwritten bytes pass ``max_write_buffer_bytes`` (it does not read) is disconnected and its transport
+  aborted, which frees the buffer at once (:meth:`Broker.write_buffer_full`).
 - uvloop: :func:`run` uses it when installed. Binding failure raises ``RuntimeError`` naming host:port.
 """
 from __future__ import annotations
@@ -151,6 +153,7 @@ class MQTTServer:
         self._port = settings.port if port is None else port
         self.acl = acl if acl is not None else AccessControl(settings, listener_is_loopback=is_loopback_host(self.host))
         self._sweep_interval = sweep_interval_s
+        self._max_write_buffer = settings.max_write_buffer_bytes
         self.reuse_port = reuse_port
         self.broker = Broker(
             settings, self.acl, hooks, now_ms=_now_ms(),
@@ -216,12 +219,19 @@ class MQTTServer:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        max_buffer = self._max_write_buffer
         for conn, data in self.broker.flush():
             t = conn.transport
             if t is None:
                 continue
             if data and not t.is_closing():
                 t.write(data)
+                if conn.write_paused:  # over the transport's high-water mark: is it over our bound?
+                    buffered = t.get_write_buffer_size()
+                    if buffered > max_buffer:
+                        self.broker.write_buffer_full(conn, buffered)
+                        t.abort()  # close() would keep the buffer until it is written: never
+                        continue
             if conn.state >= CLOSED:
                 if self._lingering and not t.is_closing() and t.can_write_eof():
                     t.set_protocol(_LingeringClose(t.get_protocol()))

@@ -290,6 +290,20 @@ class Broker:
         if conn.state is CONNECTED and conn.reader.buffered:
             self.data_received(conn, b"", now_ms)  # the bytes that followed the CONNECT
 
+    def write_buffer_full(self, conn: Connection, buffered: int) -> None:
+        """The adapter holds more than ``max_write_buffer_bytes`` unwritten for ``conn`` (a client that does
+        not read): close it as a failed client (its will is published, a persistent session stays with what
+        it holds, within ``max_session_bytes``). The adapter then drops the transport and its buffer.
+
+        Args:
+            conn: the connection.
+            buffered: bytes waiting in the adapter's write buffer.
+        """
+        if conn.close_reason is not None:
+            return
+        self.state.caps.hit("write_buffer", client_id=conn.client_id, peer=conn.peer, buffered=buffered)
+        self._lifecycle.close(conn, "write buffer full", will=True)
+
     def _on_pingreq(self, conn: Connection, p: Pingreq) -> None:
         self.state.write(conn, PINGRESP_BYTES)  # MQTT-3.12.4-1
 

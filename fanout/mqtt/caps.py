@@ -24,6 +24,9 @@ CAPS: dict[str, str] = {
     "topic_levels": "mqtt.max_topic_levels",
     "topic_length": "mqtt.max_topic_length",
     "subscriptions": "mqtt.max_subscriptions_per_client",
+    "session_bytes": "mqtt.max_session_bytes",
+    "queued_bytes": "mqtt.max_queued_bytes",
+    "write_buffer": "mqtt.max_write_buffer",
 }
 
 

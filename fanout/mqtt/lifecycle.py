@@ -139,7 +139,7 @@ class Lifecycle:
             if len(st.sessions) >= self._max_sessions and not self._evict_oldest_offline():
                 self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, "mqtt.max_sessions reached")
                 return
-            s = Session(cid, p.clean_session, st.limits)
+            s = Session(cid, p.clean_session, st.limits, st.queue_budget)
             st.sessions[cid] = s
         self._generation += 1
         conn.generation = self._generation

@@ -68,6 +68,9 @@ class MQTTSettings:
         max_inflight: unacknowledged outbound QoS 1/2 messages per session before queueing.
         max_offline_messages: queued messages per session.
         offline_drop: which message a full queue drops, ``oldest`` or ``newest``.
+        max_session_bytes: bytes of messages one session holds, queued + in flight.
+        max_queued_bytes: bytes of queued messages of all sessions together.
+        max_write_buffer_bytes: bytes waiting to be written to one client before it is disconnected.
     """
 
     vehicle_client_id: re.Pattern[str]
@@ -93,6 +96,9 @@ class MQTTSettings:
     max_inflight: int
     max_offline_messages: int
     offline_drop: str
+    max_session_bytes: int
+    max_queued_bytes: int
+    max_write_buffer_bytes: int
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]

@@ -23,7 +23,7 @@ from .connection import Connection
 from .deadlines import DeadlineWheel
 from .hooks import BrokerHooks
 from .retained import RetainedStore
-from .session import Session, SessionLimits
+from .session import QueueBudget, Session, SessionLimits
 from .settings import MQTTSettings
 from .trie import SubscriptionTrie
 
@@ -40,6 +40,8 @@ class BrokerState:
         wheel_resolution_ms: granularity of connect-timeout and keepalive deadlines.
 
     Attributes:
+        limits: the bounds every session applies (:class:`SessionLimits`).
+        queue_budget: the node-wide bound on queued bytes, shared by every session.
         sessions: client id -> :class:`Session` (live and offline).
         connections: live connections (accepted, not yet lost).
         trie: subscriptions (filter -> client id -> granted QoS).
@@ -58,7 +60,7 @@ class BrokerState:
     """
 
     __slots__ = (
-        "settings", "acl", "hooks", "limits", "sessions", "connections", "trie", "retained", "offline",
+        "settings", "acl", "hooks", "limits", "queue_budget", "sessions", "connections", "trie", "retained", "offline",
         "match_cache", "wheel", "dirty", "events", "wake", "drops_unreported", "now",
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
@@ -72,6 +74,7 @@ class BrokerState:
         self.acl = acl
         self.hooks = hooks
         self.limits = SessionLimits.from_settings(settings)
+        self.queue_budget = QueueBudget(settings.max_queued_bytes)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()

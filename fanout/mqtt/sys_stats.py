@@ -104,6 +104,7 @@ class SysStats:
             "$SYS/broker/subscriptions/count": b.subscription_count,
             "$SYS/broker/retained messages/count": len(b.retained),
             "$SYS/broker/heap/current": rss_bytes(),
+            "$SYS/broker/messages/queued/bytes": b.queue_budget.queued_bytes,
         }
         for name, hits in b.caps.hits.items():
             snap[f"$SYS/broker/limits/{name}"] = hits

@@ -172,3 +172,75 @@ def test_publish_decision_cache_is_bounded_by_bytes():
         assert ac.can_publish(p, f"{i:04d}/" + "x" * 1000)
         assert ac._decision_bytes <= 10_000
     assert len(ac._decisions) < 10
+
+
+# -- bytes held for sessions and clients ------------------------------------------------------------------
+
+
+def _offline_subscriber(net: Net, cid: str, topic_filter: str = "big/#"):
+    c = net.client()
+    c.connect(cid, clean=False)
+    c.subscribe((topic_filter, 1))
+    c.drop()  # gone, the session stays and queues
+    return net.broker.session_of(cid)
+
+
+def test_offline_session_is_bounded_by_bytes():
+    net = Net(mqtt={"max_session_bytes": "4KiB"})
+    s = _offline_subscriber(net, "sink")
+    pub = net.client()
+    pub.connect("p")
+    for i in range(10):
+        pub.send(Publish("big/x", b"x" * 1000, 1, packet_id=i + 1))
+    assert s.bytes <= 4096 and s.queued_count() == 4  # 4 x (5 + 1000) bytes; the oldest were dropped
+    assert [m.payload for m in s.queue] == [b"x" * 1000] * 4
+    assert net.broker.pub_dropped == 6 and _hits(net)["session_bytes"] == 6
+    snap = net.broker.sys.snapshot(net.now)
+    assert snap["$SYS/broker/messages/queued/bytes"] == s.bytes and snap["$SYS/broker/limits/session_bytes"] == 6
+
+
+def test_node_budget_bounds_all_queues_together():
+    net = Net(mqtt={"max_queued_bytes": "3000B", "max_session_bytes": "1MiB"})
+    a, b = _offline_subscriber(net, "a", "t/a"), _offline_subscriber(net, "b", "t/b")
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t/a", b"a" * 1000, 1, packet_id=1), Publish("t/a", b"a" * 1000, 1, packet_id=2))
+    pub.send(Publish("t/b", b"b" * 1000, 1, packet_id=3))  # 3 x 1003 > 3000: b has nothing to give up
+    assert b.queued_count() == 0 and a.queued_count() == 2 and _hits(net)["queued_bytes"] == 1
+    assert net.broker.state.queue_budget.queued_bytes == 2006
+    a_conn = net.client()
+    a_conn.connect("a", clean=False)  # resumed: its queue goes in flight, out of the node budget
+    assert net.broker.state.queue_budget.queued_bytes == 0 and a.bytes == 2006
+
+
+def test_tagged_delivery_dropped_by_bytes_is_reported():
+    from fanout.mqtt.hooks import DeliverStatus, DeliveryDropped, RecordingHooks
+
+    hooks = RecordingHooks()
+    net = Net(mqtt={"max_session_bytes": "2KiB", "max_inflight": 1}, hooks=hooks)
+    v = net.client()
+    v.connect("V1", clean=False)
+    v.subscribe(("agent/V1/#", 1))
+    assert net.broker.deliver("V1", "agent/V1/r1", b"x" * 1500, tag="r1") is DeliverStatus.SENT
+    assert net.broker.deliver("V1", "agent/V1/r2", b"x" * 1500, tag="r2") is DeliverStatus.DROPPED
+    net.pump()
+    assert [e.tag for e in hooks.take(DeliveryDropped)] == ["r2"]
+
+
+def test_write_buffer_full_closes_and_keeps_the_persistent_session():
+    from fanout.mqtt.packets import Will
+
+    net = Net()
+    watcher = net.client()
+    watcher.connect("w")
+    watcher.subscribe(("will/#", 0))
+    slow = net.client()
+    slow.connect("slow", clean=False, will=Will("will/slow", b"gone", 0, False))
+    net.broker.write_buffer_full(slow.conn, 9 << 20)
+    net.pump()
+    assert slow.closed and slow.conn.close_reason == "write buffer full"
+    assert net.broker.session_of("slow") is not None  # persistent: kept
+    assert [(p.topic, p.payload) for p in watcher.take() if isinstance(p, Publish)] == [("will/slow", b"gone")]
+    assert _hits(net)["write_buffer"] == 1
+    net.broker.write_buffer_full(slow.conn, 9 << 20)  # already closed: nothing more
+    assert _hits(net)["write_buffer"] == 1
