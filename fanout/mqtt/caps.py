@@ -27,6 +27,8 @@ CAPS: dict[str, str] = {
     "session_bytes": "mqtt.max_session_bytes",
     "queued_bytes": "mqtt.max_queued_bytes",
     "write_buffer": "mqtt.max_write_buffer",
+    "retained_messages": "mqtt.max_retained_messages",
+    "retained_bytes": "mqtt.max_retained_bytes",
 }
 
 

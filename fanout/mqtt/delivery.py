@@ -60,7 +60,7 @@ class Delivery:
         """
         st = self._st
         if retain:
-            st.retained.set(topic, payload, qos)
+            self.retain(topic, payload, qos)
         subs = st.match_cache.get(topic)
         if subs is None:
             subs = self.match(topic)
@@ -68,6 +68,13 @@ class Delivery:
             self.fanout(topic, payload, qos, subs, False)
             return len(subs)
         return 0
+
+    def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None) -> None:
+        """Store (or clear) the retained message of ``topic``, counting a refusal by the store's bounds."""
+        refused = self._st.retained.set(topic, payload, qos)
+        if refused is not None:
+            self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
+                              retained_bytes=self._st.retained.bytes)
 
     def match(self, topic: str) -> dict[str, int]:
         """Trie match through the cache (cleared on every subscription change)."""

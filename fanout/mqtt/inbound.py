@@ -82,7 +82,7 @@ class Inbound:
             # Delivery.route inlined: this is the per-message path of QoS 0 and 1
             payload = p.payload
             if p.retain:
-                st.retained.set(topic, payload, qos)
+                self._delivery.retain(topic, payload, qos, conn.client_id)
             subs = st.match_cache.get(topic)
             if subs is None:
                 subs = self._match(topic)

@@ -71,6 +71,8 @@ class MQTTSettings:
         max_session_bytes: bytes of messages one session holds, queued + in flight.
         max_queued_bytes: bytes of queued messages of all sessions together.
         max_write_buffer_bytes: bytes waiting to be written to one client before it is disconnected.
+        max_retained_messages: retained topics kept (``$SYS`` excluded).
+        max_retained_bytes: topic + payload bytes of retained messages kept (``$SYS`` excluded).
     """
 
     vehicle_client_id: re.Pattern[str]
@@ -99,6 +101,8 @@ class MQTTSettings:
     max_session_bytes: int
     max_queued_bytes: int
     max_write_buffer_bytes: int
+    max_retained_messages: int
+    max_retained_bytes: int
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]

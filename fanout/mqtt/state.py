@@ -78,7 +78,7 @@ class BrokerState:
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(settings.max_retained_messages, settings.max_retained_bytes)
         self.offline: dict[str, None] = {}
         self.match_cache: dict[str, dict[str, int]] = {}
         self.wheel = DeadlineWheel(wheel_resolution_ms)

@@ -244,3 +244,42 @@ def test_write_buffer_full_closes_and_keeps_the_persistent_session():
     assert _hits(net)["write_buffer"] == 1
     net.broker.write_buffer_full(slow.conn, 9 << 20)  # already closed: nothing more
     assert _hits(net)["write_buffer"] == 1
+
+
+# -- retained messages -----------------------------------------------------------------------------------
+
+
+def test_retained_store_bounds():
+    from fanout.mqtt.retained import RetainedStore
+
+    r = RetainedStore(max_messages=2, max_bytes=100)
+    r.track_changes()
+    assert r.set("a", b"x" * 40, 1) is None and r.set("b", b"y" * 40, 0) is None  # 41 + 41 bytes
+    assert r.set("c", b"z", 0) == "retained_messages"
+    assert r.set("a", b"x" * 60, 1) == "retained_bytes"  # 41 + 61 > 100: refused, and "a" is superseded
+    assert "a" not in r and r.bytes == 41 and len(r) == 1
+    assert r.take_changes() == {"a": None, "b": (b"y" * 40, 0)}
+    assert r.set("c", b"z" * 50, 0) is None and r.bytes == 92
+    assert r.set("$SYS/broker/uptime", b"9" * 500, 0) is None  # the server's own: outside the bounds
+    assert len(r) == 3 and r.bytes == 92
+    assert r.set("c", b"", 0) is None and r.bytes == 41  # clearing frees
+    assert r.set("nothing", b"", 0) is None and r.take_changes() == {"c": None}
+
+
+def test_retained_refusal_still_routes_and_is_counted():
+    net = Net(mqtt={"max_retained_bytes": "2KiB"})
+    sub = net.client()
+    sub.connect("s")
+    sub.subscribe(("r/#", 0))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("r/1", b"a" * 1500, 0, retain=True), Publish("r/2", b"b" * 1500, 0, retain=True))
+    assert [p.topic for p in sub.take() if isinstance(p, Publish)] == ["r/1", "r/2"]  # both delivered
+    assert net.broker.retained.topics() == ["r/1"] and _hits(net)["retained_bytes"] == 1
+    snap = net.broker.sys.snapshot(net.now)
+    assert snap["$SYS/broker/retained messages/bytes"] == 1503 and snap["$SYS/broker/limits/retained_bytes"] == 1
+    late = net.client()
+    late.connect("late")
+    late.send(Subscribe(1, (("r/#", 0),)))
+    got = late.take()
+    assert got[0] == Suback(1, (0,)) and [p.topic for p in got[1:]] == ["r/1"]
