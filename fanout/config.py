@@ -76,7 +76,7 @@ def _duration(lo_ms: int = 0) -> Callable[[Any], int]:
     return parse
 
 
-def _size(lo: int = 0) -> Callable[[Any], int]:
+def _size(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         try:
             n = parse_size_bytes(v)
@@ -84,6 +84,8 @@ def _size(lo: int = 0) -> Callable[[Any], int]:
             raise ValueError(str(exc)) from None
         if n < lo:
             raise ValueError(f"must be at least {format_size_bytes(lo)}, got {v!r}")
+        if hi is not None and n > hi:
+            raise ValueError(f"must be at most {format_size_bytes(hi)}, got {v!r}")
         return n
 
     return parse
@@ -113,12 +115,21 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "host": Field("host", "127.0.0.1", _str(), "listener address"),
         "port": Field("port", 1883, _int(0, 65535), "listener port (0 = any free port)"),
         "anonymous_role": Field("anonymous_role", "client", _str(ROLES + ("none",)), "role of clients without username ('none' refuses them)"),
+        "max_connect_size": Field("max_connect_size_bytes", "64KiB", _size(64), "largest CONNECT accepted, before authentication; larger closes the connection"),
         "max_packet_size": Field("max_packet_size_bytes", "1MiB", _size(64), "largest packet accepted; larger closes the connection"),
         "max_platform_packet_size": Field("max_platform_packet_size_bytes", "64MiB", _size(64), "largest packet from platform/admin logins (a 1,000,000-VIN trigger is ~20 MB of JSON)"),
+        "max_topic_levels": Field("max_topic_levels", 128, _int(1, 32768), "most levels in a topic or filter: a deeper filter gets SUBACK 0x80, a deeper topic is acknowledged but not delivered"),
+        "max_topic_length": Field("max_topic_length_bytes", "4KiB", _size(1, 65535), "longest topic or filter (UTF-8 bytes), treated as max_topic_levels is"),
+        "max_subscriptions_per_client": Field("max_subscriptions_per_client", 1000, _int(1), "filters one session may hold; more get SUBACK 0x80"),
         "sys_interval": Field("sys_interval_ms", "10s", _duration(0), "$SYS publish interval (0 = off)"),
         "connect_timeout": Field("connect_timeout_ms", "10s", _duration(100), "drop a connection that sends no CONNECT within this"),
         "max_offline_messages": Field("max_offline_messages", 1000, _int(0), "per-session offline queue bound"),
         "offline_drop": Field("offline_drop", "oldest", _str(("oldest", "newest")), "which message a full offline queue drops (counted and logged)"),
+        "max_session_bytes": Field("max_session_bytes", "16MiB", _size(1024), "bytes of messages one session holds, queued + in flight; past it offline_drop applies as past max_offline_messages (a session holding nothing still takes one message)"),
+        "max_queued_bytes": Field("max_queued_bytes", "1GiB", _size(1024), "bytes of queued messages of all sessions of a node together; past it offline_drop applies"),
+        "max_write_buffer": Field("max_write_buffer_bytes", "8MiB", _size(64 * 1024), "bytes waiting to be written to a client that does not read; past it the connection is closed (a persistent session stays, within max_session_bytes)"),
+        "max_retained_messages": Field("max_retained_messages", 10_000, _int(0), "retained topics kept ($SYS excluded); a new retained topic past it is delivered but not retained"),
+        "max_retained_bytes": Field("max_retained_bytes", "64MiB", _size(0), "topic + payload bytes of retained messages kept ($SYS excluded); a retained message that does not fit is delivered but not retained, and removes the topic's previous one"),
         "max_inflight": Field("max_inflight", 32, _int(1, 65535), "unacked outbound QoS 1/2 messages per session before queueing"),
         "max_sessions": Field("max_sessions", 2_000_000, _int(1), "persistent sessions kept"),
         "session_expiry": Field("session_expiry_ms", "2h", _duration(0), "drop a disconnected persistent session after this (0 = never)"),

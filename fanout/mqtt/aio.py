@@ -13,9 +13,18 @@ Strategy:
   handles connect timeouts, keepalive (through a timing wheel, no per-connection timers), ``$SYS`` and
   session expiry.
 - Authentication that may run PBKDF2 (a CONNECT with a user name when users are configured) runs in the
-  default executor so a slow hash never stalls the loop; the broker holds that client's packets.
+  default executor so a slow hash never stalls the loop; the socket is not read meanwhile
+  (``pause_reading``), so a client cannot make the broker buffer what it sends before its CONNACK.
 - Back-pressure: ``pause_writing`` marks the connection; the broker then drops QoS 0 messages for it
-  (counted) while QoS 1/2 stay bounded by the inflight window and the session queue.
+  (counted) while QoS 1/2 stay bounded by the inflight window and the session queue. A client that does
+  not read is disconnected and its transport aborted, which frees the buffer at once
+  (:meth:`Broker.write_buffer_full`). "Does not read" is a write buffer over ``max_write_buffer_bytes``
+  from which nothing drained for ``WRITE_STALL_MS``; or a write to a transport that was already over its
+  high-water mark taking the buffer over ``max_write_buffer_bytes`` + what the session holds (a client
+  behind that keeps being given more: acknowledgements of a publish flood, retained replays of repeated
+  subscribes). One burst into a transport that kept up is accepted whatever its size (the resend of a
+  resumed session, the retained messages of a new subscription): a client that reads is never cut off
+  for taking it at its own pace, and what it holds is bounded by the session and the retained store.
 - uvloop: :func:`run` uses it when installed. Binding failure raises ``RuntimeError`` naming host:port.
 """
 from __future__ import annotations
@@ -36,6 +45,7 @@ from .settings import MQTTSettings
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 _monotonic = time.monotonic
+WRITE_STALL_MS = 2000  # a write buffer over the bound that drains nothing for this long: the client does not read
 
 
 def _now_ms() -> int:
@@ -61,11 +71,16 @@ def raise_nofile_limit() -> tuple[int, int]:
 class _MQTTProtocol(asyncio.Protocol):
     """One TCP connection: forwards bytes and connection events to the broker core."""
 
-    __slots__ = ("_server", "_conn")
+    __slots__ = ("_server", "_conn", "written", "buffered", "stalled_ms")
 
     def __init__(self, server: "MQTTServer") -> None:
         self._server = server
         self._conn: Connection | None = None
+        # while writing is paused: bytes written since the last sweep, buffer size at the last sweep, and
+        # since when the buffer has been over the bound without draining (None: it drains)
+        self.written = 0
+        self.buffered = 0
+        self.stalled_ms: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._server
@@ -83,6 +98,7 @@ class _MQTTProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         server = self._server
         server._protocols.discard(self)
+        server._paused.discard(self)
         conn = self._conn
         if conn is not None:
             reason = "connection lost" if exc is None else f"connection lost: {exc!r}"
@@ -92,12 +108,34 @@ class _MQTTProtocol(asyncio.Protocol):
             server._all_closed.set()
 
     def pause_writing(self) -> None:
-        if self._conn is not None:
-            self._conn.write_paused = True
+        conn = self._conn
+        if conn is not None:
+            conn.write_paused = True
+            self.written = 0
+            self.buffered = conn.transport.get_write_buffer_size() if conn.transport is not None else 0
+            self.stalled_ms = None
+            self._server._paused.add(self)
 
     def resume_writing(self) -> None:
         if self._conn is not None:
             self._conn.write_paused = False
+        self._server._paused.discard(self)
+
+    def write_stalled(self, now_ms: int, max_buffer: int) -> int:
+        """At a sweep: the buffered bytes if they are over ``max_buffer`` and nothing drained from them for
+        :data:`WRITE_STALL_MS`, else 0."""
+        t = self._conn.transport if self._conn is not None else None
+        if t is None:
+            return 0
+        buffered = t.get_write_buffer_size()
+        drained = self.buffered + self.written - buffered
+        self.buffered, self.written = buffered, 0
+        if buffered <= max_buffer or drained > 0:
+            self.stalled_ms = None
+            return 0
+        if self.stalled_ms is None:
+            self.stalled_ms = now_ms
+        return buffered if now_ms - self.stalled_ms >= WRITE_STALL_MS else 0
 
 
 class _LingeringClose(asyncio.Protocol):
@@ -150,6 +188,7 @@ class MQTTServer:
         self._port = settings.port if port is None else port
         self.acl = acl if acl is not None else AccessControl(settings, listener_is_loopback=is_loopback_host(self.host))
         self._sweep_interval = sweep_interval_s
+        self._max_write_buffer = settings.max_write_buffer_bytes
         self.reuse_port = reuse_port
         self.broker = Broker(
             settings, self.acl, hooks, now_ms=_now_ms(),
@@ -161,6 +200,7 @@ class MQTTServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._flush_scheduled = False
         self._protocols: set[_MQTTProtocol] = set()
+        self._paused: set[_MQTTProtocol] = set()  # connections whose transport asked to stop writing
         self._all_closed: asyncio.Event | None = None
         self._lingering = False  # set by stop(drain=True): closed connections half-close and drain
 
@@ -197,11 +237,27 @@ class MQTTServer:
 
     def _sweep(self) -> None:
         try:
-            self.broker.tick(_now_ms())
+            now = _now_ms()
+            self.broker.tick(now)
+            if self._paused:
+                self._cut_off_stalled(now)
         except Exception:  # never let one bad tick stop the timer
             log.exception("mqtt sweep failed")
         if self._loop is not None and self._server is not None:
             self._sweeper = self._loop.call_later(self._sweep_interval, self._sweep)
+
+    def _cut_off_stalled(self, now_ms: int) -> None:
+        for proto in list(self._paused):
+            buffered = proto.write_stalled(now_ms, self._max_write_buffer)
+            if buffered:
+                self._write_buffer_full(proto._conn, buffered)  # type: ignore[arg-type]
+
+    def _write_buffer_full(self, conn: Connection, buffered: int) -> None:
+        self.broker.write_buffer_full(conn, buffered)
+        t = conn.transport
+        if t is not None:
+            t.abort()  # close() would keep the buffer until it is written: never
+        self._schedule_flush()  # the will and the events of the close
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
@@ -215,12 +271,23 @@ class MQTTServer:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        max_buffer = self._max_write_buffer
         for conn, data in self.broker.flush():
             t = conn.transport
             if t is None:
                 continue
             if data and not t.is_closing():
+                behind = conn.write_paused
                 t.write(data)
+                if conn.write_paused:  # over the transport's high-water mark
+                    proto = t.get_protocol()
+                    if isinstance(proto, _MQTTProtocol):
+                        proto.written += len(data)
+                    if behind:
+                        buffered = t.get_write_buffer_size()
+                        if buffered > max_buffer + (conn.session.bytes if conn.session is not None else 0):
+                            self._write_buffer_full(conn, buffered)
+                            continue
             if conn.state >= CLOSED:
                 if self._lingering and not t.is_closing() and t.can_write_eof():
                     t.set_protocol(_LingeringClose(t.get_protocol()))
@@ -231,11 +298,17 @@ class MQTTServer:
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop
         assert loop is not None
+        transport = conn.transport
+        if transport is not None:
+            transport.pause_reading()  # nothing more is read from a client until it is authenticated
         fut = loop.run_in_executor(None, fn)
 
         def done(f: asyncio.Future) -> None:
             exc = f.exception()
             self.broker.auth_done(conn, exc if exc is not None else f.result(), _now_ms())
+            t = conn.transport
+            if t is not None and conn.state < CLOSED and not t.is_closing():
+                t.resume_reading()
 
         fut.add_done_callback(done)
 

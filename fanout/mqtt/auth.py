@@ -21,8 +21,9 @@ Strategy:
   PBKDF2 run: an asyncio caller should run ``authenticate`` in an executor.
 - Authorisation: the extra ``[[acl]]`` rules in file order, first match decides; otherwise the role's
   built-in policy (DESIGN.md "MQTT contract"). Publishing to ``$SYS/#`` is refused to everyone but admin
-  before any rule is consulted. Publish decisions are cached per (principal, topic) in a bounded dict
-  (cleared when full), since publish checks sit on the per-message hot path.
+  before any rule is consulted. Publish decisions are cached per (principal, topic) in a dict bounded by
+  entries and by the bytes of its keys (cleared when either is full: a client publishing to many long
+  topics cannot grow it), since publish checks sit on the per-message hot path.
 """
 from __future__ import annotations
 
@@ -195,6 +196,7 @@ class AccessControl:
         listener_is_loopback: whether the MQTT listener binds a loopback address only.
         auth_cache_size: successful verifications remembered (LRU).
         decision_cache_size: cached publish decisions (cleared when full).
+        decision_cache_bytes: bytes of client ids and topics in the decision cache (cleared when over).
 
     Raises:
         ConfigError: a non-loopback listener without users, a malformed password hash, an invalid
@@ -203,7 +205,7 @@ class AccessControl:
 
     def __init__(
         self, settings: MQTTSettings, *, listener_is_loopback: bool, auth_cache_size: int = 10_000,
-        decision_cache_size: int = 65_536,
+        decision_cache_size: int = 65_536, decision_cache_bytes: int = 16 << 20,
     ) -> None:
         self._users = {u.name: u for u in settings.users}
         if not self._users and not listener_is_loopback:
@@ -226,6 +228,8 @@ class AccessControl:
         self._auth_cache_size = auth_cache_size
         self._decisions: dict[tuple[str | None, str, str, str], bool] = {}
         self._decision_cache_size = decision_cache_size
+        self._decision_cache_bytes = decision_cache_bytes
+        self._decision_bytes = 0
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
         self.auth_cache_hits = 0
         if self._dev_login:
@@ -345,9 +349,12 @@ class AccessControl:
         except KeyError:
             pass
         decision = self._decide_publish(principal, topic)
-        if len(self._decisions) >= self._decision_cache_size:
+        size = len(topic) + len(principal.client_id)
+        if len(self._decisions) >= self._decision_cache_size or self._decision_bytes + size > self._decision_cache_bytes:
             self._decisions.clear()
+            self._decision_bytes = 0
         self._decisions[key] = decision
+        self._decision_bytes += size
         return decision
 
     def _decide_publish(self, p: Principal, topic: str) -> bool:

@@ -133,6 +133,41 @@ class PacketReader:
             raise ValueError(f"max_packet_size must be 1..{MAX_REMAINING_LENGTH}, got {value}")
         self._max = value
 
+    def feed_first(self, data: bytes | bytearray | memoryview) -> Packet | None:
+        """Add received bytes and decode at most one packet; whatever follows it stays buffered undecoded.
+
+        For the first packet of a connection (the CONNECT): the bytes after it are decoded by a later
+        :meth:`feed` (``feed(b"")``), once the server decided to accept the connection and under the
+        limit that applies then.
+
+        Returns:
+            The first complete packet, or None while it is incomplete.
+
+        Raises:
+            ProtocolError: as :meth:`feed` (oversize as soon as the header announces it).
+        """
+        if self._error is not None:
+            raise type(self._error)(f"reader already failed: {self._error.reason}")
+        buf = self._buf
+        buf += data
+        if len(buf) < self._need:
+            return None
+        try:
+            packet, used = decode(bytes(buf), self._max)
+        except NeedData:
+            self._need = len(buf) + 1  # the header says how much more, but one more byte is enough to retry
+            return None
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+        del buf[:used]
+        self._need = 1
+        return packet
+
+    def hold(self, data: bytes | bytearray | memoryview) -> None:
+        """Buffer received bytes without decoding them (while the server authenticates the CONNECT)."""
+        self._buf += data
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add received bytes and return every packet they complete.
 

@@ -48,6 +48,10 @@ class PacketTooLarge(ProtocolError):
     """The remaining length announces more than the configured maximum packet size."""
 
 
+class NotConnectFirst(ProtocolError):
+    """The first packet of a connection is not CONNECT (MQTT-3.1.0-1); raised on its first byte."""
+
+
 class UnsupportedProtocol(ProtocolError):
     """CONNECT names a protocol or level this server does not speak (MQTT-3.1.2-1, MQTT-3.1.2-2).
 

@@ -103,8 +103,12 @@ class SysStats:
             "$SYS/broker/bytes/sent": b.bytes_sent,
             "$SYS/broker/subscriptions/count": b.subscription_count,
             "$SYS/broker/retained messages/count": len(b.retained),
+            "$SYS/broker/retained messages/bytes": b.retained.bytes,
             "$SYS/broker/heap/current": rss_bytes(),
+            "$SYS/broker/messages/queued/bytes": b.queue_budget.queued_bytes,
         }
+        for name, hits in b.caps.hits.items():
+            snap[f"$SYS/broker/limits/{name}"] = hits
         for fn in self._sources:
             try:
                 snap.update(fn())
