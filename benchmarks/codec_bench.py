@@ -72,6 +72,7 @@ def measure_5(number: int, repeat: int) -> dict[str, float]:
     props_body = encode_properties_body(props)
     bare = Publish5(TOPIC, PAYLOAD, 1, False, False, 7)
     rich = Publish5(TOPIC, PAYLOAD, 1, False, False, 7, props)
+    bare_bytes, rich_bytes = encode(bare), encode(rich)
     out = {
         "5 encode_publish5": _best_us(
             lambda: encode_publish5(TOPIC, PAYLOAD, 1, False, False, 7), number, repeat),
@@ -79,11 +80,12 @@ def measure_5(number: int, repeat: int) -> dict[str, float]:
             lambda: encode_publish5(TOPIC, PAYLOAD, 1, False, False, 7, props_body), number, repeat),
         "5 encode(Publish5)": _best_us(lambda: encode(bare), number, repeat),
         "5 encode(Publish5 props)": _best_us(lambda: encode(rich), number, repeat),
-        "5 decode": _best_us(lambda: decode(encode(bare), protocol_level=5), number, repeat),
+        "5 decode": _best_us(lambda: decode(bare_bytes, protocol_level=5), number, repeat),
+        "5 decode (props)": _best_us(lambda: decode(rich_bytes, protocol_level=5), number, repeat),
     }
-    out.update(_reader_cases("5", encode(bare), lambda: PacketReader(protocol_level=5), number,
+    out.update(_reader_cases("5", bare_bytes, lambda: PacketReader(protocol_level=5), number,
                              repeat))
-    out.update(_reader_cases("5 props", encode(rich), lambda: PacketReader(protocol_level=5), number,
+    out.update(_reader_cases("5 props", rich_bytes, lambda: PacketReader(protocol_level=5), number,
                              repeat))
     return out
 
