@@ -237,11 +237,11 @@ class Properties(_PropertyFields):
         values = list(_PropertyFields.__new__(cls, *args, **kwargs))
         users, sub_ids = values[_USER], values[_SUB_ID]
         if type(users) is not tuple or any(type(p) is not tuple for p in users):
-            values[_USER] = tuple(tuple(p) for p in users)
+            values[_USER] = tuple(tuple(p) if type(p) is list else p for p in users)
         if type(sub_ids) is not tuple:
             values[_SUB_ID] = tuple(sub_ids)
         for index in (_CORRELATION, _AUTH_DATA):
-            if values[index] is not None and type(values[index]) is not bytes:
+            if isinstance(values[index], (bytearray, memoryview)):
                 values[index] = bytes(values[index])
         for spec, value in zip(PROPERTY_SPECS, values):
             if value is None or value == ():
@@ -298,7 +298,7 @@ def _value_problem(spec: PropertySpec, value: Any) -> str:
         if len(value) > 0xFFFF:
             return f"{len(value)} bytes, the maximum is 65535 (1.5.6)"
     else:  # a User Property pair
-        if len(value) != 2:
+        if type(value) is not tuple or len(value) != 2:
             return f"a user property is a (name, value) pair, got {value!r}"
         for text in value:
             problem = _text_problem(text)
