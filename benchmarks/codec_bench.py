@@ -64,7 +64,8 @@ def measure_5(number: int, repeat: int) -> dict[str, float]:
     try:
         from fanout.mqtt.encoder5 import encode_publish5
         from fanout.mqtt.packets5 import Publish5
-        from fanout.mqtt.properties import Properties, encode_properties_body
+        from fanout.mqtt.properties import Properties
+        from fanout.mqtt.property_block import encode_properties_body
     except ImportError:
         return {}
     props = Properties(message_expiry_interval=3600, content_type="application/octet-stream",

@@ -31,7 +31,8 @@ from .packets5 import (
     SHARED_PREFIX, Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5,
     Pubrel5, Suback5, Subscribe5, Subscription, Unsuback5, Unsubscribe5, Will5,
 )
-from .properties import EMPTY_PROPERTIES, PropertyHolder, properties_at
+from .properties import EMPTY_PROPERTIES, PropertyHolder
+from .property_block import properties_at
 from .reason_codes import (
     AUTH_REASON_CODES, CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, PUBACK_REASON_CODES,
     PUBCOMP_REASON_CODES, PUBREC_REASON_CODES, PUBREL_REASON_CODES, SUBACK_REASON_CODES,

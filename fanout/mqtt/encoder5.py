@@ -3,7 +3,7 @@
 Strategy: as in :mod:`fanout.mqtt.encoder`, the broker's per-message work has fast functions taking plain
 values: :func:`encode_publish5` takes the properties already encoded (a message forwarded to many
 subscribers encodes its properties once; per-subscriber ones such as a Topic Alias are prepended with
-:func:`~fanout.mqtt.properties.topic_alias_property`), and :func:`encode_puback5` is one ``struct``
+:func:`~fanout.mqtt.property_block.topic_alias_property`), and :func:`encode_puback5` is one ``struct``
 call for the usual success without properties. Importing this module registers the MQTT 5 packet
 classes in :func:`fanout.mqtt.encoder.encode`, so ``codec.encode`` serves both versions.
 
@@ -31,7 +31,8 @@ from .packets5 import (
     ACKS_WITH_REASON_STRING, Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5,
     Pubrec5, Pubrel5, Suback5, Subscribe5, Unsuback5, Unsubscribe5,
 )
-from .properties import EMPTY_PROPERTIES, Properties, encode_properties, encode_properties_body
+from .properties import EMPTY_PROPERTIES, Properties
+from .property_block import encode_properties, encode_properties_body
 
 _ACK = struct.Struct(">BBH").pack
 _ACK_CODE = struct.Struct(">BBHB").pack
@@ -49,7 +50,7 @@ def encode_publish5(topic: str | bytes, payload: bytes, qos: int, retain: bool, 
         dup: DUP flag; must be False for QoS 0 (MQTT-3.3.1-2).
         packet_id: 1..65535 for QoS 1 and 2, ignored for QoS 0.
         properties_body: encoded properties without their length
-            (:func:`~fanout.mqtt.properties.encode_properties_body`), not validated here.
+            (:func:`~fanout.mqtt.property_block.encode_properties_body`), not validated here.
 
     Returns:
         The complete packet.

@@ -11,9 +11,9 @@ checked against the packet's list (:mod:`fanout.mqtt.reason_codes`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
-from .packets import MAX_PACKET_ID, Pingreq, Pingresp
+from .packets import Pingreq, Pingresp, _check_packet_id, _check_qos
 from .properties import EMPTY_PROPERTIES, Properties, PropertyHolder, check_placement
 from .reason_codes import (
     AUTH_REASON_CODES, CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, PUBACK_REASON_CODES,
@@ -23,17 +23,6 @@ from .reason_codes import (
 
 PROTOCOL_LEVEL_5 = 5
 SHARED_PREFIX = "$share/"
-
-
-def _check_qos(qos: int) -> None:
-    if qos not in (0, 1, 2):
-        raise ValueError(f"QoS must be 0, 1 or 2, got {qos!r}")
-
-
-def _check_packet_id(packet_id: Any) -> None:
-    # MQTT-2.2.1-3 of 5.0: packet identifiers are non-zero 16-bit integers.
-    if type(packet_id) is not int or not 0 < packet_id <= MAX_PACKET_ID:
-        raise ValueError(f"packet_id must be an int in 1..65535, got {packet_id!r}")
 
 
 def _check_properties(props: Any, holder: PropertyHolder) -> None:
@@ -141,59 +130,52 @@ class Publish5:
 
 
 @dataclass(frozen=True, slots=True)
-class Puback5:
+class _PublishAck5:
+    """Fields and checks shared by PUBACK, PUBREC, PUBREL and PUBCOMP (they differ in codes only)."""
+
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = EMPTY_PROPERTIES
+
+    _holder: ClassVar[PropertyHolder]
+    _codes: ClassVar[frozenset[int]]
+
+    def __post_init__(self) -> None:
+        _check_packet_id(self.packet_id)
+        _check_code(self.reason_code, self._codes, self._holder.name)
+        _check_properties(self.properties, self._holder)
+
+
+@dataclass(frozen=True, slots=True)
+class Puback5(_PublishAck5):
     """PUBACK: acknowledges a QoS 1 PUBLISH, with a reason code (3.4.2.1)."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id)
-        _check_code(self.reason_code, PUBACK_REASON_CODES, "PUBACK")
-        _check_properties(self.properties, PropertyHolder.PUBACK)
+    _holder = PropertyHolder.PUBACK
+    _codes = PUBACK_REASON_CODES
 
 
 @dataclass(frozen=True, slots=True)
-class Pubrec5:
+class Pubrec5(_PublishAck5):
     """PUBREC: first answer to a QoS 2 PUBLISH; a code >= 0x80 ends the exchange (3.5.2.1)."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id)
-        _check_code(self.reason_code, PUBREC_REASON_CODES, "PUBREC")
-        _check_properties(self.properties, PropertyHolder.PUBREC)
+    _holder = PropertyHolder.PUBREC
+    _codes = PUBREC_REASON_CODES
 
 
 @dataclass(frozen=True, slots=True)
-class Pubrel5:
+class Pubrel5(_PublishAck5):
     """PUBREL: answer to PUBREC (3.6.2.1)."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id)
-        _check_code(self.reason_code, PUBREL_REASON_CODES, "PUBREL")
-        _check_properties(self.properties, PropertyHolder.PUBREL)
+    _holder = PropertyHolder.PUBREL
+    _codes = PUBREL_REASON_CODES
 
 
 @dataclass(frozen=True, slots=True)
-class Pubcomp5:
+class Pubcomp5(_PublishAck5):
     """PUBCOMP: answer to PUBREL, ends a QoS 2 exchange (3.7.2.1)."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id)
-        _check_code(self.reason_code, PUBCOMP_REASON_CODES, "PUBCOMP")
-        _check_properties(self.properties, PropertyHolder.PUBCOMP)
+    _holder = PropertyHolder.PUBCOMP
+    _codes = PUBCOMP_REASON_CODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,24 +226,6 @@ class Subscribe5:
 
 
 @dataclass(frozen=True, slots=True)
-class Suback5:
-    """SUBACK: one reason code per requested filter, in order (MQTT-3.9.3-1)."""
-
-    packet_id: int
-    reason_codes: tuple[int, ...]
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_packet_id(self.packet_id)
-        _as_tuple(self, "reason_codes")
-        if not self.reason_codes:
-            raise ValueError("SUBACK needs at least one reason code")
-        for code in self.reason_codes:
-            _check_code(code, SUBACK_REASON_CODES, "SUBACK")
-        _check_properties(self.properties, PropertyHolder.SUBACK)
-
-
-@dataclass(frozen=True, slots=True)
 class Unsubscribe5:
     """UNSUBSCRIBE: at least one topic filter (MQTT-3.10.3-2)."""
 
@@ -278,45 +242,71 @@ class Unsubscribe5:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsuback5:
-    """UNSUBACK: one reason code per topic filter, in order (MQTT-3.11.3-1)."""
+class _ReasonCodeList5:
+    """Fields and checks shared by SUBACK and UNSUBACK: one reason code per topic filter, in order."""
 
     packet_id: int
     reason_codes: tuple[int, ...]
     properties: Properties = EMPTY_PROPERTIES
 
+    _holder: ClassVar[PropertyHolder]
+    _codes: ClassVar[frozenset[int]]
+
     def __post_init__(self) -> None:
         _check_packet_id(self.packet_id)
         _as_tuple(self, "reason_codes")
         if not self.reason_codes:
-            raise ValueError("UNSUBACK needs at least one reason code")
+            raise ValueError(f"{self._holder.name} needs at least one reason code")
         for code in self.reason_codes:
-            _check_code(code, UNSUBACK_REASON_CODES, "UNSUBACK")
-        _check_properties(self.properties, PropertyHolder.UNSUBACK)
+            _check_code(code, self._codes, self._holder.name)
+        _check_properties(self.properties, self._holder)
 
 
 @dataclass(frozen=True, slots=True)
-class Disconnect5:
+class Suback5(_ReasonCodeList5):
+    """SUBACK: granted QoS or a failure code per requested filter (MQTT-3.9.3-1)."""
+
+    _holder = PropertyHolder.SUBACK
+    _codes = SUBACK_REASON_CODES
+
+
+@dataclass(frozen=True, slots=True)
+class Unsuback5(_ReasonCodeList5):
+    """UNSUBACK: a reason code per topic filter (MQTT-3.11.3-1)."""
+
+    _holder = PropertyHolder.UNSUBACK
+    _codes = UNSUBACK_REASON_CODES
+
+
+@dataclass(frozen=True, slots=True)
+class _ReasonCodeOnly5:
+    """Fields and checks shared by DISCONNECT and AUTH: a reason code and properties."""
+
+    reason_code: int = 0
+    properties: Properties = EMPTY_PROPERTIES
+
+    _holder: ClassVar[PropertyHolder]
+    _codes: ClassVar[frozenset[int]]
+
+    def __post_init__(self) -> None:
+        _check_code(self.reason_code, self._codes, self._holder.name)
+        _check_properties(self.properties, self._holder)
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect5(_ReasonCodeOnly5):
     """DISCONNECT, in either direction, with a reason code (3.14.2.1)."""
 
-    reason_code: int = 0
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_code(self.reason_code, DISCONNECT_REASON_CODES, "DISCONNECT")
-        _check_properties(self.properties, PropertyHolder.DISCONNECT)
+    _holder = PropertyHolder.DISCONNECT
+    _codes = DISCONNECT_REASON_CODES
 
 
 @dataclass(frozen=True, slots=True)
-class Auth5:
+class Auth5(_ReasonCodeOnly5):
     """AUTH: a step of extended authentication (3.15)."""
 
-    reason_code: int = 0
-    properties: Properties = EMPTY_PROPERTIES
-
-    def __post_init__(self) -> None:
-        _check_code(self.reason_code, AUTH_REASON_CODES, "AUTH")
-        _check_properties(self.properties, PropertyHolder.AUTH)
+    _holder = PropertyHolder.AUTH
+    _codes = AUTH_REASON_CODES
 
 
 Packet5 = Union[

@@ -1,16 +1,18 @@
-"""MQTT 5.0 properties (section 2.2.2): identifiers, data types, where each may appear, encode/decode.
+"""MQTT 5.0 properties (section 2.2.2): identifiers, data types, where each may appear, the value type.
 
 Strategy:
 
 - :data:`PROPERTY_SPECS` is table 2-4 of the spec as data: identifier, field name, data type, the
   packets (and the Will Properties of CONNECT) that may hold it. Everything else is derived from it:
-  the fields of :class:`Properties`, the decoder's per-identifier lookup list, placement checks.
+  the fields of :class:`Properties`, placement checks, and the wire format in
+  :mod:`fanout.mqtt.property_block`.
 - :class:`Properties` is one frozen slotted value with a field per property (``None`` = absent) and
   two tuples for the properties that may repeat: ``user_properties`` (UTF-8 string pairs, in wire
   order: MQTT-3.3.2-18 requires the order kept) and ``subscription_identifiers`` (several only in a
   PUBLISH to a client, MQTT-3.3.4-3). :data:`EMPTY_PROPERTIES` is the shared "no properties" value, and
   a zero Property Length decodes to it without building anything.
-- Wire rules, checked while decoding (and by the constructor, which raises ``ValueError``):
+- Wire rules, checked by :func:`fanout.mqtt.property_block.properties_at` while decoding (and by the
+  constructor, which raises ``ValueError``):
 
   * an identifier not valid for its packet type, an unknown identifier, or a value cut off or not of
     the specified data type is a Malformed Packet, 0x81 (section 2.2.2.2);
@@ -20,20 +22,13 @@ Strategy:
     MQTT-3.3.2-14) is a Protocol Error, 0x82; a Topic Alias of 0 carries 0x94 (Topic Alias invalid);
   * strings follow MQTT-1.5.4-1/2 (well-formed UTF-8, no surrogates, no U+0000), as in 3.1.1;
   * Authentication Data without an Authentication Method is a Protocol Error (3.1.2.11.10).
-
-- Like the 3.1.1 codec, a non-minimal variable byte integer (MQTT-1.5.5-1 binds the sender) is read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import compress
-from operator import is_not
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
-from .decoder import _bin_at, _str_at
-from .encoder import encode_varint
-from .errors import MalformedPacket, ProtocolError
 
 
 class PropertyHolder(IntEnum):
@@ -272,8 +267,8 @@ if Properties._fields != tuple(s.name for s in PROPERTY_SPECS):
     raise RuntimeError("Properties fields and PROPERTY_SPECS disagree")
 
 
-def _new_properties(values: list[Any]) -> Properties:
-    """Build from already validated values (the decoder), without :meth:`Properties.__new__`."""
+def unchecked_properties(values: list[Any]) -> Properties:
+    """Build from already validated values (the decoder), skipping :meth:`Properties.__new__`."""
     return tuple.__new__(Properties, values)
 
 
@@ -344,232 +339,3 @@ def check_placement(props: Properties, holder: PropertyHolder) -> None:
             raise ValueError(f"{spec.name} is not valid in {holder.name} (section 2.2.2.2)")
         if spec.data_type is T.VARIABLE_BYTE_INTEGER and len(value) > 1 and holder not in spec.repeat_in:
             raise ValueError(f"{spec.name}: at most one in {holder.name}")
-
-
-# ---------------------------------------------------------------------------------------------------
-# encoding
-
-def _enc_utf8(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return len(b).to_bytes(2, "big") + b
-
-
-def _encoder(spec: PropertySpec) -> Callable[[Any], bytes]:
-    ident = bytes((spec.id,))
-    dt = spec.data_type
-    if dt is T.BYTE:
-        return lambda v: ident + bytes((v,))
-    if dt is T.TWO_BYTE_INTEGER:
-        return lambda v: ident + v.to_bytes(2, "big")
-    if dt is T.FOUR_BYTE_INTEGER:
-        return lambda v: ident + v.to_bytes(4, "big")
-    if dt is T.VARIABLE_BYTE_INTEGER:
-        return lambda v: b"".join(ident + encode_varint(n) for n in v)
-    if dt is T.UTF8_STRING:
-        return lambda v: ident + _enc_utf8(v)
-    if dt is T.BINARY_DATA:
-        return lambda v: ident + len(v).to_bytes(2, "big") + v
-    return lambda v: b"".join(ident + _enc_utf8(k) + _enc_utf8(x) for k, x in v)
-
-
-_ENCODERS = tuple(_encoder(s) for s in PROPERTY_SPECS)
-_NONES = (None,) * len(PROPERTY_SPECS)
-
-
-def encode_properties_body(props: Properties) -> bytes:
-    """The properties without their Property Length prefix, in identifier order.
-
-    For callers that send one set of properties in many packets (the broker forwarding a message):
-    encode once, then pass the bytes to :func:`fanout.mqtt.encoder5.encode_publish5`.
-    """
-    if props is EMPTY_PROPERTIES:
-        return b""
-    # compress/map keep the scan over the 27 mostly-None values in C; an empty repeated field
-    # (``()``) passes the filter and encodes to b"".
-    return b"".join([enc(v) for enc, v in compress(zip(_ENCODERS, props), map(is_not, props, _NONES))])
-
-
-def encode_properties(props: Properties) -> bytes:
-    """The Property Length (variable byte integer) followed by the properties (section 2.2.2.1).
-
-    Raises:
-        ValueError: the properties encode to more than 268,435,455 bytes.
-    """
-    if props is EMPTY_PROPERTIES:
-        return b"\x00"
-    body = encode_properties_body(props)
-    return encode_varint(len(body)) + body
-
-
-def topic_alias_property(alias: int) -> bytes:
-    """The encoded Topic Alias property (``23 <alias>``), to prepend to a shared properties body."""
-    return b"\x23" + alias.to_bytes(2, "big")
-
-
-def subscription_identifier_property(identifier: int) -> bytes:
-    """The encoded Subscription Identifier property (``0b <varint>``)."""
-    return b"\x0b" + encode_varint(identifier)
-
-
-def message_expiry_property(seconds: int) -> bytes:
-    """The encoded Message Expiry Interval property (``02 <u32>``): the remaining interval to send."""
-    return b"\x02" + seconds.to_bytes(4, "big")
-
-
-# ---------------------------------------------------------------------------------------------------
-# decoding
-
-def varint_at(buf: bytes, pos: int, stop: int, what: str) -> tuple[int, int]:
-    """Read a variable byte integer (1.5.5) at ``pos``; return (value, next position)."""
-    value = 0
-    for shift in (0, 7, 14, 21):
-        if pos >= stop:
-            raise MalformedPacket(f"{what}: variable byte integer runs past the packet end")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-    raise MalformedPacket(f"{what}: variable byte integer longer than 4 bytes (1.5.5)")
-
-
-def _protocol_error(reason: str, reason_code: int = 0x82) -> ProtocolError:
-    exc = ProtocolError(reason)
-    if reason_code != 0x82:
-        exc.reason_code = reason_code
-    return exc
-
-
-def properties_at(buf: bytes, pos: int, stop: int, holder: PropertyHolder, what: str
-                  ) -> tuple[Properties, int]:
-    """Decode the Property Length and properties at ``pos`` (section 2.2.2).
-
-    Args:
-        buf: the received bytes; the block must end by ``stop``.
-        pos: offset of the Property Length.
-        stop: end of the enclosing packet body.
-        holder: the packet type or WILL, for the placement rules.
-        what: packet name for error messages.
-
-    Returns:
-        (properties, offset after the block).
-
-    Raises:
-        MalformedPacket: cut off, unknown or misplaced identifier, ill-formed value (0x81).
-        ProtocolError: a repeated property or a value the spec forbids (0x82; 0x94 for Topic Alias 0).
-    """
-    if pos >= stop:
-        raise MalformedPacket(f"{what}: property length missing (MQTT-2.2.2-1)")
-    length = buf[pos]
-    if not length:
-        return EMPTY_PROPERTIES, pos + 1
-    if length < 0x80:
-        pos += 1
-    else:
-        length, pos = varint_at(buf, pos, stop, f"{what} property length")
-    end = pos + length
-    if end > stop:
-        raise MalformedPacket(f"{what}: properties run past the packet end")
-    values: list[Any] = [None] * _N
-    seen = 0
-    hbit = 1 << holder
-    while pos < end:
-        ident = buf[pos]
-        entry = _LOOKUP[ident] if ident < 0x80 else None
-        if entry is None:
-            raise MalformedPacket(f"{what}: unknown property identifier {ident:#04x} (2.2.2.2)")
-        index, spec, holders, repeats, read, rule = entry
-        if not holders & hbit:
-            raise MalformedPacket(
-                f"{what}: {spec.name} ({ident:#04x}) is not valid in {holder.name} (2.2.2.2)")
-        value, pos = read(buf, pos + 1, end, what, spec)
-        if repeats & hbit:
-            if values[index] is None:
-                values[index] = [value]
-            else:
-                values[index].append(value)
-        else:
-            if seen >> ident & 1:
-                raise _protocol_error(f"{what}: {spec.name} included more than once (2.2.2.2)")
-            seen |= 1 << ident
-            values[index] = (value,) if index == _SUB_ID else value
-        if rule:
-            _check_rule(spec, value, what)
-    for index in (_USER, _SUB_ID):
-        if type(values[index]) is list:
-            values[index] = tuple(values[index])
-        elif values[index] is None:
-            values[index] = ()
-    props = _new_properties(values)
-    if props.authentication_data is not None and props.authentication_method is None:
-        raise _protocol_error(f"{what}: Authentication Data without Authentication Method (3.1.2.11.10)")
-    return props, end
-
-
-def _cut_off(what: str, spec: PropertySpec) -> MalformedPacket:
-    return MalformedPacket(f"{what}: {spec.name} runs past the properties end")
-
-
-def _read_byte(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[int, int]:
-    if pos >= end:
-        raise _cut_off(what, spec)
-    return buf[pos], pos + 1
-
-
-def _read_u16(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[int, int]:
-    if pos + 2 > end:
-        raise _cut_off(what, spec)
-    return (buf[pos] << 8) | buf[pos + 1], pos + 2
-
-
-def _read_u32(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[int, int]:
-    if pos + 4 > end:
-        raise _cut_off(what, spec)
-    return int.from_bytes(buf[pos:pos + 4], "big"), pos + 4
-
-
-def _read_varint(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[int, int]:
-    return varint_at(buf, pos, end, f"{what} {spec.name}")
-
-
-def _read_str(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[str, int]:
-    return _str_at(buf, pos, end, f"{what} {spec.name}")
-
-
-def _read_bin(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[bytes, int]:
-    return _bin_at(buf, pos, end, f"{what} {spec.name}")
-
-
-def _read_pair(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec
-               ) -> tuple[tuple[str, str], int]:
-    key, pos = _str_at(buf, pos, end, f"{what} user property name")
-    value, pos = _str_at(buf, pos, end, f"{what} user property value")
-    return (key, value), pos
-
-
-_READERS: dict[DataType, Callable[[bytes, int, int, str, PropertySpec], tuple[Any, int]]] = {
-    T.BYTE: _read_byte, T.TWO_BYTE_INTEGER: _read_u16, T.FOUR_BYTE_INTEGER: _read_u32,
-    T.VARIABLE_BYTE_INTEGER: _read_varint, T.UTF8_STRING: _read_str, T.BINARY_DATA: _read_bin,
-    T.UTF8_STRING_PAIR: _read_pair,
-}
-_N = len(PROPERTY_SPECS)
-# Per identifier (0..127): (field index, spec, bit mask of holders, bit mask of holders where it may
-# repeat, value reader, rule as a plain int), or None for an identifier the spec does not define.
-_LOOKUP: list[tuple[int, PropertySpec, int, int, Any, int] | None] = [None] * 128
-for _i, _s in enumerate(PROPERTY_SPECS):
-    _LOOKUP[_s.id] = (_i, _s, sum(1 << h for h in _s.holders), sum(1 << h for h in _s.repeat_in),
-                      _READERS[_s.data_type], int(_s.rule))
-
-
-def _check_rule(spec: PropertySpec, value: Any, what: str) -> None:
-    rule = spec.rule
-    if rule is ValueRule.ZERO_OR_ONE:
-        if value > 1:
-            raise _protocol_error(f"{what}: {spec.name} is {value}, must be 0 or 1")
-    elif rule is ValueRule.NOT_ZERO:
-        if not value:
-            # 3.3.2.3.4: a Topic Alias of 0 is answered with 0x94 (Topic Alias invalid).
-            raise _protocol_error(f"{what}: {spec.name} is 0",
-                                  0x94 if spec.id == PropertyId.TOPIC_ALIAS else 0x82)
-    elif not value or "+" in value or "#" in value:
-        raise _protocol_error(f"{what}: {spec.name} {value!r} is not a topic name (MQTT-3.3.2-14)")

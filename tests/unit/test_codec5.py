@@ -14,9 +14,10 @@ from fanout.mqtt.packets5 import (
     Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5,
     Subscribe5, Subscription, Unsuback5, Unsubscribe5, Will5,
 )
-from fanout.mqtt.properties import (
-    EMPTY_PROPERTIES, Properties, encode_properties_body, message_expiry_property,
-    subscription_identifier_property, topic_alias_property,
+from fanout.mqtt.properties import EMPTY_PROPERTIES, Properties
+from fanout.mqtt.property_block import (
+    encode_properties_body, message_expiry_property, subscription_identifier_property,
+    topic_alias_property,
 )
 from fanout.mqtt.reason_codes import ReasonCode, is_error, reason_name
 

@@ -28,9 +28,8 @@ from fanout.mqtt.packets5 import (
     Connack5, Connect5, Disconnect5, Puback5, Publish5, Suback5, Subscribe5, Subscription, Unsuback5,
     Unsubscribe5, Will5,
 )
-from fanout.mqtt.properties import (
-    PROPERTY_SPECS, DataType, Properties, PropertyHolder, encode_properties, properties_at,
-)
+from fanout.mqtt.properties import PROPERTY_SPECS, DataType, Properties, PropertyHolder
+from fanout.mqtt.property_block import encode_properties, properties_at
 from tests.unit.test_codec5_properties import properties_for
 
 P = Properties

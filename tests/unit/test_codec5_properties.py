@@ -13,9 +13,8 @@ from fanout.mqtt.packets5 import (
     Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5,
     Subscribe5, Subscription, Unsuback5, Unsubscribe5, Will5,
 )
-from fanout.mqtt.properties import (
-    PROPERTY_SPECS, DataType, Properties, PropertyHolder, ValueRule, encode_properties, properties_at,
-)
+from fanout.mqtt.properties import PROPERTY_SPECS, DataType, Properties, PropertyHolder, ValueRule
+from fanout.mqtt.property_block import encode_properties, properties_at
 from fanout.mqtt.reason_codes import (
     AUTH_REASON_CODES, CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, PUBACK_REASON_CODES,
     PUBCOMP_REASON_CODES, PUBREC_REASON_CODES, PUBREL_REASON_CODES, SUBACK_REASON_CODES,
