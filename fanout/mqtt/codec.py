@@ -61,11 +61,8 @@ def _too_large(rl: int, max_packet_size: int) -> PacketTooLarge:
     return PacketTooLarge(f"remaining length {rl} exceeds the maximum packet size {max_packet_size}")
 
 
-def _tables(protocol_level: int | None) -> tuple[list[Any], list[str], list[int]]:
-    try:
-        return DECODER_TABLES[protocol_level]
-    except KeyError:
-        raise ValueError(f"protocol_level must be 4, 5 or None, got {protocol_level!r}") from None
+def _bad_level(protocol_level: Any) -> ValueError:
+    return ValueError(f"protocol_level must be 4, 5 or None, got {protocol_level!r}")
 
 
 def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAINING_LENGTH,
@@ -89,14 +86,16 @@ def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAI
         MalformedPacket: bytes that do not parse (MQTT 5 reason code 0x81).
         ProtocolError: anything else invalid (``reason_code`` says which, for MQTT 5).
     """
-    decoders, first_byte_errors, fixed_lengths = _tables(protocol_level)
+    tables = DECODER_TABLES.get(protocol_level)
+    if tables is None:
+        raise _bad_level(protocol_level)
     end = len(buf)
     if not end:
         raise NeedData("empty buffer")
     first = buf[0]
-    decoder = decoders[first]
+    decoder = tables[0][first]
     if decoder is None:
-        raise MalformedPacket(first_byte_errors[first])
+        raise MalformedPacket(tables[1][first])
     if end < 2:
         raise NeedData("remaining length missing")
     rl = buf[1]
@@ -109,7 +108,7 @@ def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAI
         raise _too_large(rl, max_packet_size)
     stop = start + rl
     if stop > end:
-        fixed = fixed_lengths[first]
+        fixed = tables[2][first]
         if fixed >= 0 and rl != fixed:
             decoder(b"", first, 0, rl)  # raises the length error
         raise NeedData(f"{stop - end} more bytes needed")
@@ -128,8 +127,7 @@ class PacketReader:
     After a :class:`ProtocolError` the reader is dead: every later :meth:`feed` raises again.
     """
 
-    __slots__ = ("_buf", "_need", "_max", "_error", "_level", "_decoders", "_first_byte_errors",
-                 "_fixed_lengths")
+    __slots__ = ("_buf", "_need", "_max", "_error", "_level", "_decoders", "_tables")
 
     def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH,
                  protocol_level: int | None = 4) -> None:
@@ -146,9 +144,14 @@ class PacketReader:
         self._use_level(protocol_level)
 
     def _use_level(self, protocol_level: int | None) -> list[Any]:
-        self._decoders, self._first_byte_errors, self._fixed_lengths = _tables(protocol_level)
+        # (decoders, first-byte errors, fixed remaining lengths); the loop keeps only the decoders.
+        tables = DECODER_TABLES.get(protocol_level)
+        if tables is None:
+            raise _bad_level(protocol_level)
+        self._tables = tables
+        self._decoders = tables[0]
         self._level = protocol_level
-        return self._decoders
+        return tables[0]
 
     @property
     def protocol_level(self) -> int | None:
@@ -205,7 +208,7 @@ class PacketReader:
                 first = data[pos]
                 decoder = decoders[first]
                 if decoder is None:
-                    raise MalformedPacket(self._first_byte_errors[first])
+                    raise MalformedPacket(self._tables[1][first])
                 if pos + 1 == end:
                     self._need = 2
                     break
@@ -220,7 +223,7 @@ class PacketReader:
                     raise _too_large(rl, max_size)
                 stop = start + rl
                 if stop > end:
-                    fixed = self._fixed_lengths[first]
+                    fixed = self._tables[2][first]
                     if fixed >= 0 and rl != fixed:
                         decoder(b"", first, 0, rl)  # raises the length error
                     self._need = stop - pos

@@ -209,8 +209,24 @@ def _read_varint(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) 
     return varint_at(buf, pos, end, f"{what} {spec.name}")
 
 
+def _text_at(buf: bytes, pos: int, end: int) -> tuple[str, int] | None:
+    """A well-formed UTF-8 string without U+0000 at ``pos``, or None (the caller raises precisely)."""
+    stop = pos + 2
+    if stop > end:
+        return None
+    stop += (buf[pos] << 8) | buf[pos + 1]
+    if stop > end:
+        return None
+    try:
+        text = buf[pos + 2:stop].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else (text, stop)
+
+
 def _read_str(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[str, int]:
-    return _str_at(buf, pos, end, f"{what} {spec.name}")
+    # The error message (an f-string) is built only when the string is invalid.
+    return _text_at(buf, pos, end) or _str_at(buf, pos, end, f"{what} {spec.name}")
 
 
 def _read_bin(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> tuple[bytes, int]:
@@ -219,8 +235,8 @@ def _read_bin(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec) -> 
 
 def _read_pair(buf: bytes, pos: int, end: int, what: str, spec: PropertySpec
                ) -> tuple[tuple[str, str], int]:
-    key, pos = _str_at(buf, pos, end, f"{what} user property name")
-    value, pos = _str_at(buf, pos, end, f"{what} user property value")
+    key, pos = _text_at(buf, pos, end) or _str_at(buf, pos, end, f"{what} user property name")
+    value, pos = _text_at(buf, pos, end) or _str_at(buf, pos, end, f"{what} user property value")
     return (key, value), pos
 
 

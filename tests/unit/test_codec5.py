@@ -8,7 +8,7 @@ from fanout.mqtt.codec import (
     encode_pubcomp5, encode_publish5, encode_pubrec5, encode_pubrel5, encode_suback5, encode_unsuback5,
     encode_within,
 )
-from fanout.mqtt.errors import MalformedPacket, NeedData, PacketTooLarge, ProtocolError, UnsupportedProtocol
+from fanout.mqtt.errors import MalformedPacket, NeedData, PacketTooLarge, UnsupportedProtocol
 from fanout.mqtt.packets import PINGREQ, PINGRESP, Connect, Puback, Publish, Will
 from fanout.mqtt.packets5 import (
     Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5,
