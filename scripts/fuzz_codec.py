@@ -195,7 +195,10 @@ def random_packet5(rng: random.Random) -> Any:
                            random_properties(rng, h.DISCONNECT))
     if rng.random() < 0.3:
         return Auth5()
-    return Auth5(rng.choice(sorted(AUTH_REASON_CODES)), random_properties(rng, h.AUTH))
+    props = random_properties(rng, h.AUTH)
+    if props.authentication_method is None:  # required but in the short form (3.15.2.2.2)
+        props = props.replace(authentication_method=_text(rng))
+    return Auth5(rng.choice(sorted(AUTH_REASON_CODES)), props)
 
 
 def _stream(rng: random.Random, level: int | None = 4) -> tuple[bytes, list[Any]]:

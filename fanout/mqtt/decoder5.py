@@ -274,26 +274,30 @@ def _d_unsubscribe5(buf: bytes, first: int, pos: int, stop: int) -> Unsubscribe5
     return _new_unsubscribe(pid, tuple(topics), props)
 
 
-def _code_props_decoder(cls: type, name: str, codes: frozenset[int], holder: PropertyHolder
-                        ) -> _Decoder:
+def _code_props_decoder(cls: type, name: str, codes: frozenset[int], holder: PropertyHolder,
+                        needs_method: bool = False) -> _Decoder:
     """DISCONNECT and AUTH: optional reason code, then optional properties."""
     build = unchecked(cls)
     bare = cls()
 
     def decode_code_props(buf: bytes, first: int, pos: int, stop: int) -> Any:
         # Remaining length 0: reason code 0x00 and no properties (3.14.2.1, 3.15.2.1); "If the
-        # Remaining Length is less than 2, a value of 0 is used" for the Property Length (3.14.2.2.1;
-        # also accepted for AUTH, as the common clients do).
+        # Remaining Length is less than 2, a value of 0 is used" for the Property Length (3.14.2.2.1).
         if pos == stop:
             return bare
         code = buf[pos]
         if code not in codes:
             raise ProtocolError(f"{name}: reason code {code:#04x} is not a {name} code")
         if stop - pos == 1:
-            return build(code, EMPTY_PROPERTIES)
-        props, p = properties_at(buf, pos + 1, stop, holder, name)
+            props, p = EMPTY_PROPERTIES, stop
+        else:
+            props, p = properties_at(buf, pos + 1, stop, holder, name)
         if p != stop:
             raise MalformedPacket(f"{name}: bytes after the properties")
+        if needs_method and props.authentication_method is None:
+            # 3.15.2.2.2: "It is a Protocol Error to omit the Authentication Method" (an AUTH other
+            # than the remaining-length-0 success form).
+            raise ProtocolError(f"{name} without Authentication Method (3.15.2.2.2)")
         return build(code, props)
 
     return decode_code_props
@@ -323,7 +327,7 @@ _BY_TYPE_5: dict[int, _Decoder] = {
     12: _empty(PINGREQ, "PINGREQ"),
     13: _empty(PINGRESP, "PINGRESP"),
     14: _code_props_decoder(Disconnect5, "DISCONNECT", DISCONNECT_REASON_CODES, H.DISCONNECT),
-    15: _code_props_decoder(Auth5, "AUTH", AUTH_REASON_CODES, H.AUTH),
+    15: _code_props_decoder(Auth5, "AUTH", AUTH_REASON_CODES, H.AUTH, needs_method=True),
 }
 
 

@@ -303,10 +303,20 @@ class Disconnect5(_ReasonCodeOnly5):
 
 @dataclass(frozen=True, slots=True)
 class Auth5(_ReasonCodeOnly5):
-    """AUTH: a step of extended authentication (3.15)."""
+    """AUTH: a step of extended authentication (3.15).
+
+    "It is a Protocol Error to omit the Authentication Method" (3.15.2.2.2), except in the short form
+    the spec allows: reason code 0x00 without properties (remaining length 0, 3.15.2.1).
+    """
 
     _holder = PropertyHolder.AUTH
     _codes = AUTH_REASON_CODES
+
+    def __post_init__(self) -> None:
+        _ReasonCodeOnly5.__post_init__(self)
+        if self.properties.authentication_method is None and (
+                self.reason_code or self.properties != EMPTY_PROPERTIES):
+            raise ValueError("AUTH needs an authentication_method (3.15.2.2.2)")
 
 
 Packet5 = Union[

@@ -116,7 +116,8 @@ def test_acks_use_the_short_forms():
     assert encode(Disconnect5()) == encode_disconnect5() == b"\xe0\x00"
     assert encode(Disconnect5(0x8E)) == encode_disconnect5(0x8E) == b"\xe0\x01\x8e"
     assert encode(Auth5()) == encode_auth5() == b"\xf0\x00"
-    assert encode(Auth5(0x18)) == encode_auth5(0x18) == b"\xf0\x02\x18\x00"
+    method = P(authentication_method="m")
+    assert encode(Auth5(0x18, method)) == encode_auth5(0x18, method) == b"\xf0\x06\x18\x04\x15\x00\x01m"
 
 
 @pytest.mark.parametrize("data, pkt", [
@@ -129,8 +130,7 @@ def test_acks_use_the_short_forms():
     (b"\xe0\x01\x04", Disconnect5(4)),
     (b"\xe0\x02\x00\x00", Disconnect5()),
     (b"\xf0\x00", Auth5()),
-    (b"\xf0\x01\x19", Auth5(0x19)),  # not in the spec's text, but sent by common clients
-    (b"\xf0\x02\x18\x00", Auth5(0x18)),
+    (b"\xf0\x06\x18\x04\x15\x00\x01m", Auth5(0x18, P(authentication_method="m"))),
 ])
 def test_all_allowed_lengths_decode(data, pkt):
     assert decode(data, protocol_level=5) == (pkt, len(data))

@@ -88,6 +88,17 @@ def connacks(draw):
     return Connack5(draw(st.booleans()) if code == 0 else False, code, draw(props(H.CONNACK)))
 
 
+@st.composite
+def auths(draw):
+    # Only the remaining-length-0 success form may omit the Authentication Method (3.15.2.2.2).
+    if draw(st.booleans()):
+        return Auth5()
+    properties = draw(properties_for(H.AUTH))
+    if properties.authentication_method is None:
+        properties = properties.replace(authentication_method=draw(TEXT))
+    return Auth5(draw(st.sampled_from(sorted(AUTH_REASON_CODES))), properties)
+
+
 def acks(cls, codes, holder):
     return st.builds(cls, PID, st.sampled_from(sorted(codes)), props(holder))
 
@@ -116,7 +127,7 @@ PACKETS_5 = st.one_of(
     st.builds(Unsuback5, PID, code_lists(UNSUBACK_REASON_CODES), props(H.UNSUBACK)),
     st.just(PINGREQ), st.just(PINGRESP),
     st.builds(Disconnect5, st.sampled_from(sorted(DISCONNECT_REASON_CODES)), props(H.DISCONNECT)),
-    st.builds(Auth5, st.sampled_from(sorted(AUTH_REASON_CODES)), props(H.AUTH)),
+    auths(),
 )
 
 

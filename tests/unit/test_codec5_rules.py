@@ -90,8 +90,11 @@ PLACEMENT = [(s, h) for s in PROPERTY_SPECS for h in ALL_HOLDERS]
 
 
 def _prefix(spec, holder) -> bytes:
+    # Authentication Data needs an Authentication Method, and so does every AUTH with properties.
+    if spec.id == PropertyId.AUTHENTICATION_METHOD:
+        return b""
     needs_method = spec.id == PropertyId.AUTHENTICATION_DATA and holder in spec.holders
-    return METHOD if needs_method else b""
+    return METHOD if needs_method or holder is H.AUTH else b""
 
 
 @pytest.mark.parametrize("spec, holder", PLACEMENT, ids=lambda x: getattr(x, "name", str(x)))
@@ -131,7 +134,8 @@ def test_user_properties_keep_wire_order_with_repeated_names():
     pairs = [("b", "1"), ("a", "2"), ("b", "3"), ("", ""), ("\u00e9", "\U0001F600")]
     raw = b"".join(b"\x26" + encode_utf8(k) + encode_utf8(v) for k, v in pairs)
     for holder in ALL_HOLDERS:
-        assert props_of(holder, packet_with(holder, raw)).user_properties == tuple(pairs)
+        data = packet_with(holder, (METHOD if holder is H.AUTH else b"") + raw)
+        assert props_of(holder, data).user_properties == tuple(pairs)
 
 
 def encode_utf8(s: str) -> bytes:
@@ -224,7 +228,7 @@ def _with_code(kind: str, code: int) -> bytes:
         "SUBACK": frame(0x90, bytes((0, 1, 0, 0, code))),
         "UNSUBACK": frame(0xB0, bytes((0, 1, 0, code))),
         "DISCONNECT": frame(0xE0, bytes((code,))),
-        "AUTH": frame(0xF0, bytes((code, 0))),
+        "AUTH": frame(0xF0, bytes((code,)) + block(METHOD)),
     }[kind]
 
 
@@ -237,7 +241,8 @@ CONSTRUCTORS = {
     "CONNACK": lambda c: Connack5(False, c), "PUBACK": lambda c: Puback5(1, c),
     "PUBREC": lambda c: Pubrec5(1, c), "PUBREL": lambda c: Pubrel5(1, c),
     "PUBCOMP": lambda c: Pubcomp5(1, c), "SUBACK": lambda c: Suback5(1, (0, c)),
-    "UNSUBACK": lambda c: Unsuback5(1, (c,)), "DISCONNECT": Disconnect5, "AUTH": Auth5,
+    "UNSUBACK": lambda c: Unsuback5(1, (c,)), "DISCONNECT": Disconnect5,
+    "AUTH": lambda c: Auth5(c, Properties(authentication_method="m")),
 }
 
 
@@ -304,6 +309,9 @@ CONNECT_HEAD = b"\x00\x04MQTT\x05"
     (frame(0x50, b"\x00\x00\x10"), MALFORMED),
     (frame(0xC0, b"\x00"), MALFORMED),  # PINGREQ with a body
     (b"\xf1\x00", MALFORMED),  # AUTH reserved flags
+    (b"\xf0\x01\x19", PROTOCOL),  # AUTH without Authentication Method (3.15.2.2.2)
+    (b"\xf0\x02\x18\x00", PROTOCOL),
+    (b"\xf0\x02\x00\x00", PROTOCOL),  # only the remaining-length-0 success may omit it
     (b"\x60\x02\x00\x01", MALFORMED),  # PUBREL flags must be 0b0010 (MQTT-3.6.1-1)
     (b"\x36\x03\x00\x01t", MALFORMED),  # PUBLISH QoS 3 (MQTT-3.3.1-4)
 ])
@@ -375,6 +383,8 @@ def test_subscription_options_decode():
     lambda: Unsuback5(0, (0,)),
     lambda: Disconnect5(0x18),
     lambda: Auth5(0x04),
+    lambda: Auth5(0x18),
+    lambda: Auth5(0, Properties(reason_string="no method")),
 ])
 def test_constructors_refuse_invalid_values(build):
     with pytest.raises(ValueError):
