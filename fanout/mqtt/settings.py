@@ -64,6 +64,7 @@ class MQTTSettings:
         max_inflight: unacknowledged outbound QoS 1/2 messages per session before queueing.
         max_offline_messages: queued messages per session.
         offline_drop: which message a full queue drops, ``oldest`` or ``newest``.
+        cert_role: role of a verified client certificate whose CN names no configured user.
     """
 
     vehicle_client_id: re.Pattern[str]
@@ -85,6 +86,7 @@ class MQTTSettings:
     max_inflight: int
     max_offline_messages: int
     offline_drop: str
+    cert_role: str
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]
