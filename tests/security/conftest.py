@@ -154,6 +154,32 @@ def handshake(pki: PKI, port: int, cert: ClientCert | None = None, **ctx_kw) -> 
         raise
 
 
+def server_cert_der(pki: PKI, port: int) -> bytes:
+    """The DER certificate the TLS listener on ``port`` presents to a new handshake."""
+    with handshake(pki, port) as s:
+        return s.getpeercert(binary_form=True)  # type: ignore[return-value]
+
+
+def renew_and_reload(pki: PKI, proc: subprocess.Popen, cert: Path, key: Path, port: int, name: str,
+                     timeout: float) -> bytes:
+    """Write a new server certificate over ``cert``/``key``, SIGHUP ``proc``, and wait until new handshakes
+    present it; returns its DER (AssertionError when they never do)."""
+    import shutil
+    import signal
+    import time
+
+    renewed = pki.new_server_cert(name)
+    shutil.copy(renewed.cert, cert)
+    shutil.copy(renewed.key, key)
+    proc.send_signal(signal.SIGHUP)
+    expected = ssl.PEM_cert_to_DER_cert(renewed.cert.read_text())
+    deadline = time.monotonic() + timeout
+    while (got := server_cert_der(pki, port)) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert got == expected, "new handshakes still get the old certificate after SIGHUP"
+    return expected
+
+
 CONNECT_X = b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01x"  # MQTT 3.1.1 CONNECT, client id "x", clean session
 
 

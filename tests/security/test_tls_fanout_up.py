@@ -6,18 +6,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.fanout_harness import publish_batch
 
-from .conftest import handshake, tls_config, tls_paho, url_port
+from .conftest import renew_and_reload, tls_config, tls_paho, url_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -66,19 +64,7 @@ def test_vehicle_over_tls_gets_its_fanout_message_and_sighup_reloads(pki, tmp_pa
         msg = car.get(timeout=60)
         assert msg.topic == f"agent/{VIN}/proxy/request/tls-1"
         # SIGHUP to the driver: the connection node loads the renewed certificate, the car stays
-        renewed = pki.new_server_cert("renewed-up")
-        shutil.copy(renewed.cert, cert)
-        shutil.copy(renewed.key, key)
-        proc.send_signal(signal.SIGHUP)
-        expected = ssl.PEM_cert_to_DER_cert(renewed.cert.read_text())
-        deadline = time.monotonic() + 60
-        while True:
-            with handshake(pki, tls_port) as s:
-                got = s.getpeercert(binary_form=True)
-            if got == expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert got == expected
+        renew_and_reload(pki, proc, cert, key, tls_port, "renewed-up", timeout=60)
         publish_batch(port, [VIN], "tls-2", data_id="d2", blob=b"after reload")
         assert car.get(timeout=60).topic == f"agent/{VIN}/proxy/request/tls-2"
         assert car.disconnects.empty()

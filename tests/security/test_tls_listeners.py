@@ -14,7 +14,8 @@ import pytest
 
 from tests.integration.conftest import REPO
 
-from .conftest import handshake, mqtt_over_tls_answers, tls_broker, tls_config, tls_paho, url_port
+from .conftest import (handshake, mqtt_over_tls_answers, renew_and_reload, server_cert_der, tls_broker, tls_config,
+                       tls_paho, url_port)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,25 +104,13 @@ def test_sighup_reloads_certificates_and_keeps_open_connections(pki, tmp_path, p
     cfg = tls_config(pki, tmp_path / "b.toml", cert=cert, key=key)
     with tls_broker(cfg) as (proc, urls):
         port = url_port(urls["mqtts"])
-        with handshake(pki, port) as s:
-            before = s.getpeercert(binary_form=True)
+        before = server_cert_der(pki, port)
         assert before == ssl.PEM_cert_to_DER_cert(pki.server_cert.read_text())
         sub = tls_paho(paho_client, pki, "mqtts")
         sub.connect(port)
         sub.subscribe(("reload/t", 1))
-        renewed = pki.new_server_cert("renewed")
-        shutil.copy(renewed.cert, cert)
-        shutil.copy(renewed.key, key)
-        proc.send_signal(signal.SIGHUP)
-        expected = ssl.PEM_cert_to_DER_cert(renewed.cert.read_text())
-        deadline = time.monotonic() + 10
-        while True:
-            with handshake(pki, port) as s:
-                after = s.getpeercert(binary_form=True)
-            if after == expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert after == expected != before
+        expected = renew_and_reload(pki, proc, cert, key, port, "renewed", timeout=10)
+        assert expected != before
         # the connection made before the reload still works, in both directions
         pub = tls_paho(paho_client, pki, "mqtts")
         pub.connect(port)
@@ -135,8 +124,7 @@ def test_sighup_reloads_certificates_and_keeps_open_connections(pki, tmp_path, p
         proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
         assert proc.poll() is None
-        with handshake(pki, port) as s:
-            assert s.getpeercert(binary_form=True) == expected
+        assert server_cert_der(pki, port) == expected
 
 
 @pytest.mark.parametrize("toml, key", [
