@@ -49,6 +49,7 @@ class MQTTSettings:
         host: listener address.
         port: listener port (0 = any free port).
         anonymous_role: role of clients without user name (``none`` refuses them).
+        cert_role: role of a verified client certificate whose CN names no configured user.
         dev_platform_login: allow ``platform``/``platform`` on a loopback listener without users.
         users: configured logins.
         acl: extra ACL rules, in file order.
@@ -64,13 +65,13 @@ class MQTTSettings:
         max_inflight: unacknowledged outbound QoS 1/2 messages per session before queueing.
         max_offline_messages: queued messages per session.
         offline_drop: which message a full queue drops, ``oldest`` or ``newest``.
-        cert_role: role of a verified client certificate whose CN names no configured user.
     """
 
     vehicle_client_id: re.Pattern[str]
     host: str
     port: int
     anonymous_role: str
+    cert_role: str
     dev_platform_login: bool
     users: tuple[UserConfig, ...]
     acl: tuple[AclRule, ...]
@@ -86,7 +87,6 @@ class MQTTSettings:
     max_inflight: int
     max_offline_messages: int
     offline_drop: str
-    cert_role: str
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]
