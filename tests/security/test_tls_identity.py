@@ -76,7 +76,7 @@ def _auth_reads_cert_cn() -> bool:
                    reason="what a CN means is the principal side of issue 11 (h11-principals)")
 def test_vehicle_certificate_serves_only_its_own_vin(pki, tmp_path, paho_client):
     users = f'[users.ops]\npassword_hash = "{hash_password("ops-secret", iterations=1000)}"\nrole = "admin"\n'
-    cfg = tls_config(pki, tmp_path / "b.toml", client_auth="required",
+    cfg = tls_config(pki, tmp_path / "b.toml", client_auth="required", cert_role="vehicle",
                      extra=users.replace("[users.ops]", '\n[users.ops]'))
     text = cfg.read_text().replace('[mqtt]\n', '[mqtt]\nanonymous_role = "none"\n', 1)
     cfg.write_text(text)

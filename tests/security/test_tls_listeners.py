@@ -76,7 +76,7 @@ def test_required_client_auth_refuses_missing_foreign_and_expired_certificates(p
         assert not mqtt_over_tls_answers(pki, port, pki.foreign_client("device-1"))
         assert not mqtt_over_tls_answers(pki, port, pki.expired_client("device-1"))
         # paho with a valid certificate: a full round trip
-        c = tls_paho(paho_client, pki, "mqtts", cert=pki.client("device-2"))
+        c = tls_paho(paho_client, pki, "mqtts", cert=pki.client("device-2"), client_id="device-2")
         c.connect(port)
         c.subscribe(("tls/r", 1))
         c.publish("tls/r", b"x", qos=1)

@@ -34,7 +34,7 @@ def test_wss_with_required_client_certificate(pki, tmp_path, paho_client):
     cfg = tls_config(pki, tmp_path / "b.toml", schemes=("wss",), client_auth="required")
     with tls_broker(cfg, ("wss",)) as (_, urls):
         port = url_port(urls["wss"])
-        ok = tls_paho(paho_client, pki, "wss", cert=pki.client("dash-1"))
+        ok = tls_paho(paho_client, pki, "wss", cert=pki.client("dash-1"), client_id="dash-1")
         ok.connect(port)
         ok.subscribe(("wss/t", 1))
         ok.publish("wss/t", b"x", qos=1)
