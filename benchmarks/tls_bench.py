@@ -35,7 +35,7 @@ from .harness.peers import FANOUT_BROKER_CONFIG, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
 from .harness.processes import HOST, free_port, proc_cpu_seconds, raise_nofile_limit, wait_for_quiet
 from .harness.report import ratio
-from .harness.results import bench_parser, log, result_name, run_header, save_result
+from .harness.results import bench_parser, load_avg, log, result_name, run_header, save_result
 from .loadgen import CONNECT_CONCURRENCY, STALL_S, LeanClient, Tally, close_all, connect, connect_many, pubacks, run_async
 
 NAME = "tls_bench"
@@ -210,6 +210,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     started = time.time()
     result: dict[str, Any] = {
         **run_header(name, quick, started),
+        "load_avg_1m_start": load_avg()[0],
         "params": {**asdict(sizes), "connect_concurrency": CONNECT_CONCURRENCY, "qos": 1,
                    "certificates": "trustme ECDSA P-256 CA + server certificate, no client certificates",
                    "client": "asyncio + uvloop lean load generator, ssl.create_default_context()"},
@@ -224,7 +225,8 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     }
     certs = Certificates()
     try:
-        log(NAME, f"mode={result['mode']} systems={list(systems)} sizes={asdict(sizes)}")
+        log(NAME, f"mode={result['mode']} systems={list(systems)} sizes={asdict(sizes)} "
+                  f"load {result['load_avg_1m_start']}")
         rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
         for r in range(sizes.rounds):
             log(NAME, f"round {r + 1}/{sizes.rounds}")
@@ -232,6 +234,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
                 rounds[system].append(bench_round(system, certs, sizes))
     finally:
         certs.cleanup()
+    result["load_avg_1m_end"] = load_avg()[0]
     for system in systems:
         result["systems"][system] = aggregate(rounds[system])
     result["ratios"] = compute_ratios(result["systems"])
