@@ -25,10 +25,11 @@ java:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; \
 	fi
 
-# Mosquitto, the peer the benchmarks compare against (Debian package).
+# Mosquitto, the peer the benchmarks compare against, and its clients (mosquitto_pub/sub: the
+# third-party TLS client of tests/security) (Debian packages, installed together).
 mosquitto:
-	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
-		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto) >/dev/null)
+	@(command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto) && command -v mosquitto_sub >/dev/null || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients) >/dev/null)
 
 # The compiled MQTT load generator of the benchmarks (benchmarks/cfleet/*.c, libc only) -> build/cfleet.
 .PHONY: cfleet

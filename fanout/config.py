@@ -114,7 +114,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "mqtt": {
         "host": Field("host", "127.0.0.1", _str(), "listener address"),
         "port": Field("port", 1883, _int(0, 65535), "listener port (0 = any free port)"),
+        "tls_port": Field("tls_port", 0, _int(0, 65535), "MQTT over TLS listener port (0 = off)"),
+        "ws_port": Field("ws_port", 0, _int(0, 65535), "MQTT over WebSocket listener port, path /mqtt (0 = off)"),
+        "wss_port": Field("wss_port", 0, _int(0, 65535), "MQTT over WebSocket over TLS listener port, path /mqtt (0 = off)"),
+        "tls_cert": Field("tls_cert", "", _str(nonempty=False), "PEM server certificate chain of the TLS listeners (reloaded on SIGHUP)"),
+        "tls_key": Field("tls_key", "", _str(nonempty=False), "PEM private key of tls_cert"),
+        "tls_ca": Field("tls_ca", "", _str(nonempty=False), "PEM CA bundle that client certificates must chain to"),
+        "tls_client_auth": Field("tls_client_auth", "none", _str(("none", "optional", "required")), "client certificates: none, optional (verified if presented) or required"),
         "anonymous_role": Field("anonymous_role", "client", _str(ROLES + ("none",)), "role of clients without username ('none' refuses them)"),
+        "cert_role": Field("cert_role", "vehicle", _str(ROLES), "role of a verified client certificate whose CN names no [users.NAME] (a vehicle's client id must equal its CN)"),
         "max_connect_size": Field("max_connect_size_bytes", "64KiB", _size(64), "largest CONNECT accepted, before authentication; larger closes the connection"),
         "max_packet_size": Field("max_packet_size_bytes", "1MiB", _size(64), "largest packet accepted; larger closes the connection"),
         "max_platform_packet_size": Field("max_platform_packet_size_bytes", "64MiB", _size(64), "largest packet from platform/admin logins (a 1,000,000-VIN trigger is ~20 MB of JSON)"),
@@ -318,7 +326,26 @@ def load_config(
     for section in (overrides or {}):
         if section not in SCHEMA:
             raise ConfigError(f"{section}: unknown section")
+    _check_listeners(sections["mqtt"])
     return Config(**sections, users=_parse_users(raw.get("users", {})), acl=_parse_acl(raw.get("acl", [])), source=source)
+
+
+def _check_listeners(m: Section) -> None:
+    """Cross-key checks of the TLS/WebSocket keys (the files themselves are read when a listener starts:
+    a config may be checked on a machine that does not hold the certificates)."""
+    if (m.tls_port or m.wss_port) and not (m.tls_cert and m.tls_key):
+        key = "tls_port" if m.tls_port else "wss_port"
+        raise ConfigError(f"mqtt.{key}: set, but mqtt.tls_cert and mqtt.tls_key are not")
+    if bool(m.tls_cert) != bool(m.tls_key):
+        raise ConfigError("mqtt.tls_key: set tls_cert and tls_key together" if m.tls_cert else
+                          "mqtt.tls_cert: set tls_cert and tls_key together")
+    if m.tls_client_auth != "none" and not m.tls_ca:
+        raise ConfigError(f"mqtt.tls_ca: required when mqtt.tls_client_auth is {m.tls_client_auth!r}")
+    ports = [(k, getattr(m, k)) for k in ("port", "tls_port", "ws_port", "wss_port") if getattr(m, k)]
+    for i, (k, v) in enumerate(ports):
+        for k2, v2 in ports[:i]:
+            if v == v2:
+                raise ConfigError(f"mqtt.{k}: {v} is also mqtt.{k2}")
 
 
 def _parse_users(raw: Any) -> dict[str, UserConfig]:
@@ -376,6 +403,22 @@ def _parse_acl(raw: Any) -> tuple[AclRule, ...]:
     return tuple(rules)
 
 
+def listener_settings(config: Config) -> Any:
+    """The node's optional TLS / WebSocket listeners (:class:`fanout.mqtt.tls.ListenerSettings`).
+
+    Raises:
+        ConfigError: inconsistent keys (files are checked when the listener is built).
+    """
+    from fanout.mqtt.tls import ListenerSettings, TLSSettings
+
+    m = config.mqtt
+    tls = None
+    if m.tls_cert and m.tls_key:
+        tls = TLSSettings(cert_file=m.tls_cert, key_file=m.tls_key, ca_file=m.tls_ca or None,
+                          client_auth=m.tls_client_auth)
+    return ListenerSettings(tls_port=m.tls_port, ws_port=m.ws_port, wss_port=m.wss_port, tls=tls)
+
+
 # MQTTSettings fields that do not come from the [mqtt] section of the same name
 _NOT_FROM_MQTT_SECTION = frozenset({"vehicle_client_id", "users", "acl"})
 
@@ -404,4 +447,5 @@ def config_fields_doc() -> list[tuple[str, str, Any, str]]:
     return [(s, k, f.default, f.doc) for s, keys in SCHEMA.items() for k, f in keys.items()]
 
 
-__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "mqtt_settings", "ROLES", "SCHEMA"]
+__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "mqtt_settings", "listener_settings",
+           "ROLES", "SCHEMA"]

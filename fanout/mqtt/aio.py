@@ -26,6 +26,11 @@ Strategy:
   resumed session, the retained messages of a new subscription): a client that reads is never cut off
   for taking it at its own pace, and what it holds is bounded by the session and the retained store.
 - uvloop: :func:`run` uses it when installed. Binding failure raises ``RuntimeError`` naming host:port.
+- Extra listeners (:class:`fanout.mqtt.tls.ListenerSettings`), all feeding the same broker: MQTT over TLS
+  (asyncio's SSL transport; the protocol sees the connection once the handshake has verified the client
+  certificate, whose CN it passes on as ``Peer.cert_cn``), WebSocket and WebSocket over TLS (the same
+  protocol with a :class:`fanout.mqtt.websocket.WebSocketStream` in front: upgrade and framing stay
+  sans-I/O). :meth:`MQTTServer.reload_tls` loads the certificate files again without dropping anyone.
 """
 from __future__ import annotations
 
@@ -40,7 +45,10 @@ from .auth import AccessControl, is_loopback_host
 from .broker import Broker
 from .connection import CLOSED, Connection
 from .hooks import BrokerHooks
+from .peer import Peer
 from .settings import MQTTSettings
+from .tls import ListenerSettings, ServerTLS, verified_cn
+from .websocket import MQTT_PATH, WebSocketStream
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -71,21 +79,27 @@ def raise_nofile_limit() -> tuple[int, int]:
 class _MQTTProtocol(asyncio.Protocol):
     """One TCP connection: forwards bytes and connection events to the broker core."""
 
-    __slots__ = ("_server", "_conn", "written", "buffered", "stalled_ms")
+    __slots__ = ("_server", "_conn", "_kind", "written", "buffered", "stalled_ms")
 
-    def __init__(self, server: "MQTTServer") -> None:
+    def __init__(self, server: "MQTTServer", kind: str = "mqtt") -> None:
         self._server = server
         self._conn: Connection | None = None
+        self._kind = kind
         # while writing is paused: bytes written since the last sweep, buffer size at the last sweep, and
         # since when the buffer has been over the bound without draining (None: it drains)
         self.written = 0
         self.buffered = 0
         self.stalled_ms: int | None = None
 
+    def _peer(self, transport: asyncio.BaseTransport) -> Peer:
+        # an SSL transport reaches connection_made only after the handshake verified the chain
+        cn = verified_cn(transport.get_extra_info("ssl_object")) if self._kind in ("mqtts", "wss") else None
+        return Peer.from_peername(transport.get_extra_info("peername"), cn, self._kind)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._server
         server._protocols.add(self)
-        conn = server.broker.connection_made(_now_ms(), transport.get_extra_info("peername"))
+        conn = server.broker.connection_made(_now_ms(), self._peer(transport))
         conn.transport = transport
         self._conn = conn
 
@@ -138,6 +152,79 @@ class _MQTTProtocol(asyncio.Protocol):
         return buffered if now_ms - self.stalled_ms >= WRITE_STALL_MS else 0
 
 
+class _FramedTransport:
+    """What the broker's flush writes to for a WebSocket connection: frames the MQTT bytes first."""
+
+    __slots__ = ("_raw", "_ws")
+
+    def __init__(self, raw: asyncio.Transport, ws: WebSocketStream) -> None:
+        self._raw = raw
+        self._ws = ws
+
+    def write(self, data: bytes) -> None:
+        self._raw.write(self._ws.frame(data))
+
+    def is_closing(self) -> bool:
+        return self._raw.is_closing()
+
+    def can_write_eof(self) -> bool:
+        return False  # a WebSocket ends with a close frame, not a half-close
+
+    def close(self) -> None:
+        if not self._raw.is_closing():
+            self._raw.write(self._ws.close())
+        self._raw.close()
+
+    def abort(self) -> None:
+        self._raw.abort()
+
+    # what the flush's write-buffer bound and the pre-authentication pause ask of a transport
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._raw.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self._raw.get_write_buffer_size()
+
+    def pause_reading(self) -> None:
+        self._raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._raw.resume_reading()
+
+
+class _WebSocketProtocol(_MQTTProtocol):
+    """One WebSocket connection (``ws``/``wss``): unwraps frames for the broker, frames its output.
+
+    The broker sees the connection from the TCP (or TLS) accept, so its connect timeout also bounds a
+    client that never completes the HTTP upgrade.
+    """
+
+    __slots__ = ("_ws", "_raw")
+
+    def __init__(self, server: "MQTTServer", kind: str) -> None:
+        super().__init__(server, kind)
+        self._ws = WebSocketStream()
+        self._raw: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._raw = transport  # type: ignore[assignment]
+        self._conn.transport = _FramedTransport(transport, self._ws)  # type: ignore[union-attr, arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        ws = self._ws
+        mqtt = ws.receive_data(data)
+        out = ws.data_to_send()
+        raw = self._raw
+        if out and raw is not None:
+            raw.write(out)
+        if mqtt:
+            self._server.broker.data_received(self._conn, mqtt, _now_ms())  # type: ignore[arg-type]
+        if ws.closed and raw is not None and not raw.is_closing():
+            log.info("websocket closed", peer=self._conn.peer if self._conn else None, reason=ws.close_reason)
+            raw.close()
+
+
 class _LingeringClose(asyncio.Protocol):
     """Takes over a transport the broker closed during :meth:`MQTTServer.stop`: half-close, then drain.
 
@@ -175,14 +262,16 @@ class MQTTServer:
         sweep_interval_s: period of the timeout/keepalive/$SYS sweep (also the timing resolution).
         reuse_port: bind with SO_REUSEPORT so that several listener processes share host:port and the
             kernel spreads new connections over them (every one of them must set it).
+        listeners: the optional TLS / WebSocket / WSS listeners (same host, same broker), or None.
 
     Raises:
-        ConfigError: from :class:`AccessControl` (e.g. a non-loopback listener without users).
+        ConfigError: from :class:`AccessControl` (e.g. a non-loopback listener without users), or a
+            certificate file that does not load (names the key).
     """
 
     def __init__(self, settings: MQTTSettings, *, host: str | None = None, port: int | None = None,
                  hooks: BrokerHooks | None = None, acl: Any = None, sweep_interval_s: float = 1.0,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, listeners: ListenerSettings | None = None) -> None:
         self.settings = settings
         self.host = settings.host if host is None else host
         self._port = settings.port if port is None else port
@@ -203,6 +292,9 @@ class MQTTServer:
         self._paused: set[_MQTTProtocol] = set()  # connections whose transport asked to stop writing
         self._all_closed: asyncio.Event | None = None
         self._lingering = False  # set by stop(drain=True): closed connections half-close and drain
+        self.listeners = listeners or ListenerSettings()
+        self.tls = ServerTLS(self.listeners.tls) if self.listeners.tls is not None else None
+        self._extra: list[tuple[str, asyncio.base_events.Server]] = []  # (scheme, server) of extra listeners
 
     @property
     def port(self) -> int:
@@ -215,6 +307,24 @@ class MQTTServer:
     def url(self) -> str:
         """``mqtt://host:port`` of the listener."""
         return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def extra_urls(self) -> list[str]:
+        """URLs of the started extra listeners: ``mqtts://H:P``, ``ws://H:P/mqtt``, ``wss://H:P/mqtt``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        out = []
+        for scheme, server in self._extra:
+            port = server.sockets[0].getsockname()[1] if server.sockets else 0
+            out.append(f"{scheme}://{host}:{port}" + (MQTT_PATH if scheme in ("ws", "wss") else ""))
+        return out
+
+    def reload_tls(self) -> bool:
+        """Load the certificate files again (new handshakes use them; open connections stay).
+
+        Returns:
+            True when reloaded, False when TLS is off or the files failed to load (old ones kept, logged).
+        """
+        return self.tls.reload() if self.tls is not None else False
 
     async def start(self) -> None:
         """Bind and start accepting connections.
@@ -231,9 +341,39 @@ class MQTTServer:
             )
         except OSError as exc:
             raise RuntimeError(f"cannot listen on {self.host}:{self._port}: {exc.strerror or exc}") from exc
+        try:
+            await self._start_extra(loop)
+        except BaseException:
+            self._server.close()
+            for _, extra in self._extra:
+                extra.close()
+            self._server, self._extra = None, []
+            raise
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
         log.info("mqtt listening", host=self.host, port=self.port, loop=type(loop).__module__,
                  reuse_port=self.reuse_port, max_descriptors=soft)
+
+    async def _start_extra(self, loop: asyncio.AbstractEventLoop) -> None:
+        ls = self.listeners
+        handshake_s = max(self.settings.connect_timeout_ms / 1000.0, 0.1)
+        tls_ctx = self.tls.listener_context if self.tls is not None else None
+        for scheme, port, ssl_ctx in (("mqtts", ls.tls_port, tls_ctx), ("ws", ls.ws_port, None),
+                                      ("wss", ls.wss_port, tls_ctx)):
+            if not port:
+                continue
+            if scheme in ("ws", "wss"):
+                factory: Callable[[], asyncio.Protocol] = lambda kind=scheme: _WebSocketProtocol(self, kind)
+            else:
+                factory = lambda kind=scheme: _MQTTProtocol(self, kind)
+            try:
+                server = await loop.create_server(
+                    factory, self.host, port, reuse_address=True, backlog=4096, reuse_port=self.reuse_port or None,
+                    ssl=ssl_ctx, ssl_handshake_timeout=handshake_s if ssl_ctx is not None else None)
+            except OSError as exc:
+                raise RuntimeError(f"cannot listen ({scheme}) on {self.host}:{port}: {exc.strerror or exc}") from exc
+            self._extra.append((scheme, server))
+            log.info("mqtt listening", scheme=scheme, host=self.host, port=port,
+                     client_auth=self.listeners.tls.client_auth if ssl_ctx is not None and self.listeners.tls else None)
 
     def _sweep(self) -> None:
         try:
@@ -327,6 +467,9 @@ class MQTTServer:
         port = self.port
         server, self._server = self._server, None
         server.close()
+        extra, self._extra = self._extra, []
+        for _, other in extra:
+            other.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -348,6 +491,8 @@ class MQTTServer:
                     if t is not None:
                         t.abort()
         await server.wait_closed()
+        for _, other in extra:
+            await other.wait_closed()
         self._flush()
         self._lingering = False
         log.info("mqtt stopped", host=self.host, port=port, connections_closed=n, drained=drain)

@@ -49,6 +49,7 @@ class MQTTSettings:
         host: listener address.
         port: listener port (0 = any free port).
         anonymous_role: role of clients without user name (``none`` refuses them).
+        cert_role: role of a verified client certificate whose CN names no configured user.
         dev_platform_login: allow ``platform``/``platform`` on a loopback listener without users.
         users: configured logins.
         acl: extra ACL rules, in file order.
@@ -79,6 +80,7 @@ class MQTTSettings:
     host: str
     port: int
     anonymous_role: str
+    cert_role: str
     dev_platform_login: bool
     users: tuple[UserConfig, ...]
     acl: tuple[AclRule, ...]

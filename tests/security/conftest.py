@@ -25,7 +25,8 @@ import pytest
 from fanout.mqtt.auth import hash_password
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.packets import Connack, Connect, Packet, Puback, Publish, Suback, Subscribe
-from tests.integration.conftest import HOST, cli_broker, url_port
+from tests.integration.conftest import HOST, PahoClient, cli_broker, paho_client, url_port  # noqa: F401  (fixture re-export)
+from tests.security.pki import pki  # noqa: F401  (fixture re-export)
 
 MiB = 1 << 20
 TIMEOUT = 10.0
