@@ -11,9 +11,10 @@ Strategy (after emqx-plugin-sdv's dispatcher):
            and a PUBACK of the current connection. Each calls ``maybe_send``, which is idempotent: a no-op
            while a row is in flight or the vehicle is not connected and subscribed. Connect and subscribe
            never send: "a reconnect with a persistent session gets nothing until a heartbeat".
-  Rule 2 - every connection has a generation, increasing on every connect of the VIN (on any node). An
-           event of an older generation is stale and ignored, except that a stale PUBACK still deletes its
-           row (the vehicle did receive it). A disconnect clears presence and in-flight state.
+  Rule 2 - every connection has a generation (:mod:`fanout.generations`): the newest connection of a VIN
+           is the last one that connected (by counter on one node, by arrival across nodes). An event of
+           any other generation is stale and ignored, except that a stale PUBACK still deletes its row (the
+           vehicle did receive it). A disconnect clears presence and in-flight state.
   Rule 3 - a session resumed with the unacked fanout message still in it (``on_connect`` with
            ``inflight_row_key``) is in flight: the node redelivers it with DUP=1 itself, so heartbeats do
            not send it again.
@@ -29,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from fanout.generations import incarnation_of, newer
 
 NodeId = str
 
@@ -182,7 +185,7 @@ class VinDispatcher:
         Args:
             vin: the client id.
             node: the connection node.
-            generation: the connection's generation (greater than any earlier one of the VIN).
+            generation: the connection's generation (:mod:`fanout.generations`).
             session_present: a persistent session was resumed.
             inflight_row_key: key of the unacked fanout message in the resumed session, which the node
                 redelivers with DUP=1 (ignored unless ``session_present``).
@@ -192,9 +195,9 @@ class VinDispatcher:
             Always empty.
         """
         vs = self._state(vin)
-        if generation <= vs.generation:
-            # Stale: a newer connection (or the disconnect of this one) was already seen, e.g. node A
-            # reports a connect that a takeover on node B has superseded. Equal is a retried duplicate.
+        if vs.generation >= 0 and not newer(generation, vs.generation):
+            # Stale: a newer connection of the same node (or the disconnect of this one) was already seen.
+            # Equal is a retried duplicate. A connect from another node process always takes over.
             self._stale += 1
             return []
         if vs.node is None:
@@ -261,12 +264,15 @@ class VinDispatcher:
     def on_disconnect(self, vin: str, generation: int) -> list[Action]:
         """The connection ``generation`` of ``vin`` closed: clear presence and in-flight state.
 
-        A disconnect of an older generation is ignored (the vehicle already reconnected, possibly on
-        another node). A disconnect of a newer generation than known (its connect not seen yet) records
-        that generation so that the late connect is ignored as well.
+        A disconnect of another connection is ignored (the vehicle already reconnected, possibly on
+        another node), except a newer one of the same node process whose connect was not seen yet: that
+        generation is recorded so that the late connect is ignored as well.
         """
         vs = self._state(vin)
-        if generation < vs.generation or (generation == vs.generation and vs.node is None):
+        live = generation == vs.generation and vs.node is not None
+        unseen = (vs.generation < 0 or incarnation_of(generation) == incarnation_of(vs.generation)) \
+            and generation > vs.generation
+        if not (live or unseen):
             self._stale += 1
             return []
         self._go_offline(vs)

@@ -14,8 +14,9 @@ tests drive the same object with the in-memory broker.
   (their tag is the ``ids`` row key) and drops. Everything else (publishes, pings, other subscriptions)
   never leaves the node.
 - Generations: the broker numbers connections per node; :class:`fanout.generations.GenerationClock` maps each
-  accepted connection to a cluster-wide increasing number, kept in ``_live`` with the shard, so later
-  events of the connection (which carry only the local number, or none) are translated by a dict lookup.
+  accepted connection to a cluster-wide id (incarnation + counter, no wall clock), kept in ``_live`` with
+  the shard, so later events of the connection (which carry only the local number, or none) are
+  translated by a dict lookup.
 - Deliveries (:meth:`apply_deliveries`): one ``Broker.deliver`` per send, QoS 1, tag = row key,
   ``require_subscription`` on; a send for a connection that is not the live one (another generation) is
   refused as NOT_CONNECTED without touching the broker. Only failures are returned.
@@ -66,20 +67,21 @@ class NodeCore(BrokerHooks):
         link: dispatcher calls for ingest rounds (its ``shards`` is the dispatcher count).
         on_pending: called (no arguments) when events, tickets or forwards become pending; the actor
             schedules its next flush from it.
-        clock_us: wall clock in microseconds (generations); tests inject one.
+        clock_us: wall clock in microseconds (subscription times, row timestamps); tests inject one.
+        incarnation: first incarnation of the generation clock (tests pin it; default random).
     """
 
     intercept_ingest = True
     forward_publishes = True
 
     def __init__(self, config: Any, node_id: str, link: ShardLink, *, on_pending: Callable[[], None] | None = None,
-                 clock_us: Callable[[], int] | None = None) -> None:
+                 clock_us: Callable[[], int] | None = None, incarnation: int | None = None) -> None:
         self.node_id = node_id
         self.broker: Any = None
         self.shards = int(link.shards)
         self._prefix: str = config.fanout.topic_prefix if config is not None else DEFAULT_TOPIC_PREFIX
         self.topics = DeliveryTopics(self._prefix)
-        self._gens = GenerationClock(clock_us)
+        self._gens = GenerationClock(incarnation)
         self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
