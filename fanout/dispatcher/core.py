@@ -29,9 +29,10 @@ import structlog
 from fanout.dispatcher import introspection
 from fanout.dispatcher.blobs import BlobCache
 from fanout.dispatcher.ingest_batch import HEAD_WRITE_VINS, IngestJob, blob_batch, ingest_batch
-from fanout.dispatcher.machine import Delete, VinDispatcher
+from fanout.dispatcher.machine import VinDispatcher
 from fanout.dispatcher.output import TickOutput
 from fanout.dispatcher.rows import TickRows
+from fanout.dispatcher.state import Delete
 from fanout.dispatcher.takeover import TakeoverRegistry
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (

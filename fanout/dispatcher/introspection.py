@@ -7,7 +7,7 @@ from storage.keys import decode_ids_key
 
 if TYPE_CHECKING:
     from fanout.dispatcher.core import DispatcherCore
-    from fanout.dispatcher.machine import InFlight
+    from fanout.dispatcher.state import InFlight
 
 INSPECT_ROWS = 20
 
@@ -32,6 +32,8 @@ def shard_stats(core: DispatcherCore) -> dict[str, Any]:
         "in_flight": st.inflight,
         "connected": st.connected,
         "vehicles": st.vehicles,
+        "fenced": st.fenced,
+        "known_data_ids": core.blobs.known_data_ids,
         "sent": st.sent,
         "delivered": st.delivered,
         "stale_events": st.stale_events,

@@ -42,6 +42,7 @@ log = structlog.get_logger(__name__)
 
 BIG_PAYLOAD_BYTES = 1 << 20  # parse triggers larger than this (~50,000 VINs) in a worker thread
 KNOWN_DATA_TTL_MS = 60_000  # how long a confirmed data_id is trusted without asking the shards
+KNOWN_DATA_IDS = 4096  # most data ids trusted at once (a platform may name a new data id per trigger)
 
 
 class ShardLink(Protocol):
@@ -116,6 +117,20 @@ class IngestRounds:
     def forget_data(self) -> None:
         """Drop the known-data cache (e.g. after a GC pass deleted blobs)."""
         self._known.clear()
+
+    def _trust(self, data_id: str, until: int) -> None:
+        """Remember ``data_id`` as existing on every shard until ``until``; the cache keeps the
+        :data:`KNOWN_DATA_IDS` most recently confirmed."""
+        known = self._known
+        known.pop(data_id, None)  # re-inserted last: the dict stays ordered by trust time
+        known[data_id] = until
+        if len(known) > KNOWN_DATA_IDS:
+            del known[next(iter(known))]  # the oldest trust, the first to expire (expired ones just miss)
+
+    @property
+    def known_data_ids(self) -> int:
+        """Size of the known-data cache."""
+        return len(self._known)
 
     async def run(self, tickets: Sequence[IngestTicket]) -> list[dict[str, Any] | None]:
         """Process one round.
@@ -206,7 +221,7 @@ class IngestRounds:
             return
         until = now + KNOWN_DATA_TTL_MS
         for w in blobs:
-            self._known[w.data_id] = until  # type: ignore[index]
+            self._trust(w.data_id, until)  # type: ignore[arg-type]
         self.blobs_ok += len(blobs)
 
     async def _check_data(self, triggers: list[_Work], outcomes: list[Any], now: int) -> list[_Work]:
@@ -228,7 +243,7 @@ class IngestRounds:
             until = now + KNOWN_DATA_TTL_MS
             for d in unknown:
                 if d not in missing:
-                    known[d] = until
+                    self._trust(d, until)
         ok = []
         for w in triggers:
             trig = w.trigger
