@@ -229,11 +229,15 @@ class DispatcherCore:
         return sends, payloads, kicks
 
     def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
-        """One write batch acknowledging every acked row queued so far (``ids`` deleted, ``reqs`` delivered)."""
+        """One write batch finishing every row queued so far: ``ids`` deleted, ``reqs`` marked delivered
+        (acknowledged) or discarded (dropped undelivered, its blob gone)."""
         if not self.output.deletes:
             return None
         deletes = self.output.take_deletes()
-        return WriteBatch().ack_rows([d.key for d in deletes], now_ms), deletes
+        batch = WriteBatch().ack_rows([d.key for d in deletes if not d.discarded], now_ms)
+        if self.discarded:
+            batch.discard_rows([d.key for d in deletes if d.discarded], now_ms)
+        return batch, deletes
 
     def requeue_deletes(self, deletes: list[Delete]) -> None:
         """A delete batch failed to apply: put its deletes back in front (retried with the next batch)."""
