@@ -36,8 +36,10 @@ from fanout.dispatcher.state import Delete
 from fanout.dispatcher.takeover import TakeoverRegistry
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
+    CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
+    split_vins,
 )
+from fanout.trigger import conflict_reason
 from storage import WriteBatch
 from storage.keys import VIN_RE
 
@@ -142,8 +144,41 @@ class DispatcherCore:
         return ingest_batch(items, self.blobs.has_data, self.shard)
 
     def ingest_job(self, items: list[tuple], head_vins: int = HEAD_WRITE_VINS) -> IngestJob:
-        """The writes of one ``ingest`` call, head first for a big trigger (:class:`IngestJob`)."""
-        return IngestJob(items, self.ingest_batch, head_vins)
+        """The writes of one ``ingest`` call, head first for a big trigger (:class:`IngestJob`); an item
+        that conflicts with what the shard holds is refused whole (:data:`fanout.records.CONFLICT_PREFIX`)."""
+        refused = {i: CONFLICT_PREFIX + c for i, c in enumerate(self.trigger_conflicts(items)) if c is not None}
+        return IngestJob(items, self.ingest_batch, head_vins, refused)
+
+    def requests_in_use(self, request_ids: list[str]) -> list[bool]:
+        """Whether this shard holds ``reqs`` rows of each request id (one cursor seek each)."""
+        return [bool(self.store.request_rows(rid, limit=1)) for rid in request_ids]
+
+    def trigger_conflicts(self, items: list[tuple]) -> list[str | None]:
+        """Per :class:`fanout.records.IngestItem`: None, or why its request id may not queue its VINs.
+
+        A conflict is a VIN that the same request id already queued with another data id, on this shard
+        or in an earlier item of ``items``. A request id this shard has never seen costs one seek.
+        """
+        out: list[str | None] = []
+        earlier: dict[str, list[tuple[str, str]]] = {}  # request id -> (data id, joined VINs) accepted before
+        for request_id, data_id, joined, _ts in items:
+            reason = None
+            before = earlier.get(request_id)
+            if before is not None or self.store.request_rows(request_id, limit=1):
+                vins = split_vins(joined)
+                hit = self.store.request_conflict(request_id, data_id, vins)
+                for other, other_joined in before or ():
+                    if hit is not None:
+                        break
+                    common = set(vins).intersection(split_vins(other_joined)) if other != data_id else ()
+                    if common:
+                        hit = (min(common), other)
+                if hit is not None:
+                    reason = conflict_reason(request_id, data_id, *hit)
+            out.append(reason)
+            if reason is None:
+                earlier.setdefault(request_id, []).append((data_id, joined))
+        return out
 
     def applied(self, counts: dict[str, int]) -> None:
         """Counters of one commit (``ShardStore.apply`` result), for stats."""

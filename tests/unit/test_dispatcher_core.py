@@ -9,7 +9,9 @@ from fanout.dispatcher import core as core_module
 from fanout.dispatcher.core import DispatcherCore
 from fanout.dispatcher.ingest_batch import HEAD_WRITE_VINS, IngestJob
 from fanout.dispatcher.introspection import inspect_request
-from fanout.records import BlobItem, ConnectEvent, HeartbeatEvent, IngestItem, SubscribedEvent, join_vins
+from fanout.records import (
+    CONFLICT_PREFIX, BlobItem, ConnectEvent, HeartbeatEvent, IngestItem, SubscribedEvent, join_vins,
+)
 from storage import ShardStore, WriteBatch
 from storage.batch import DISCARD
 from storage.keys import ids_key
@@ -109,3 +111,22 @@ def test_discard_rows_is_ack_rows_with_its_own_status(core):
     with pytest.raises(ValueError):
         WriteBatch().discard_rows([b"not-a-key"], 1)
     assert WriteBatch.from_bytes(WriteBatch().discard_rows(keys, 9).to_bytes()).ops[0][0] == DISCARD
+
+
+def test_an_ingest_call_refuses_a_conflicting_trigger_whole_even_a_big_one(core):
+    core.store.apply(core.blob_batch([BlobItem.build("d2", b"TWO", 1)]))
+    vins = [f"V{i:05d}" for i in range(3 * HEAD_WRITE_VINS)]
+    core.store.apply(WriteBatch().enqueue_many(vins[-1:], 5, "r1", "d1"))  # the last VIN: in the rest part
+    seq = core.store.applied_seq
+    assert core.requests_in_use(["r1", "r2"]) == [True, False]
+    items = [IngestItem.build("r1", "d2", join_vins(vins), 6), IngestItem.build("r2", "d2", "W1", 6),
+             IngestItem.build("r2", "d1", "W1\nW2", 6)]  # conflicts with the item before it in the call
+    job = core.ingest_job(items)
+    for part in job.parts():
+        if part.batch:
+            core.store.apply(part.batch)
+    results = job.results()
+    assert results[0].startswith(CONFLICT_PREFIX) and repr(vins[-1]) in results[0]
+    assert results[1] == {"vins": 1} and results[2].startswith(CONFLICT_PREFIX) and "'W1'" in results[2]
+    assert core.store.applied_seq == seq + 1 and core.store.pending_count() == 2  # only r2/W1 written
+    assert core.trigger_conflicts([IngestItem.build("r1", "d1", join_vins(vins), 7)]) == [None]  # a re-send

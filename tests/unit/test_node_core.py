@@ -48,6 +48,14 @@ class FakeLink(LocalShardLink):
         self.calls.append(("has_data", shard))
         return await super().has_data(shard, data_ids)
 
+    async def requests_in_use(self, shard, request_ids):
+        self.calls.append(("requests_in_use", shard))
+        return await super().requests_in_use(shard, request_ids)
+
+    async def trigger_conflicts(self, shard, items):
+        self.calls.append(("trigger_conflicts", shard))
+        return await super().trigger_conflicts(shard, items)
+
     async def ingest(self, shard, items):
         self.calls.append(("ingest", shard))
         return await super().ingest(shard, items)
@@ -251,8 +259,10 @@ async def test_realtime_batch_is_puback_ed_after_durable_write_then_delivered(cl
     await cluster.pump()
     assert cluster.pending() == 0
     assert sum(c.stats()["delivered"] for c in cluster.cores) == 6
-    # every shard got the blob in one call, the trigger in one call per involved shard
-    assert sorted(cluster.link.calls) == [("ingest", 0), ("ingest", 1), ("put_blobs", 0), ("put_blobs", 1)]
+    # every shard got the blob in one call, the trigger in one call per involved shard, and the request
+    # check (new request id: no conflict check follows) in one call per involved shard
+    assert sorted(cluster.link.calls) == [("ingest", 0), ("ingest", 1), ("put_blobs", 0), ("put_blobs", 1),
+                                          ("requests_in_use", 0), ("requests_in_use", 1)]
 
 
 async def test_one_in_flight_per_vehicle_oldest_first_next_after_puback(cluster):
@@ -448,3 +458,45 @@ async def test_local_publishes_are_forwarded_to_matching_peers_and_retained_mirr
     assert ann == (["a/+"], [], True)
     c.subscribe("b/#", pid=2)
     assert routes.announcement(20_000, filters_fn=cluster.broker.route_filters) == (["b/#"], [], False)
+
+
+# -- request ids re-used with another data id -------------------------------------------------------------
+
+async def rejected_conflict(c: Cluster, ids, request_id: str, data_id: str, cid: str) -> dict:
+    p = c.platform(cid)
+    p.subscribe(f"$SDV-FANOUT/errors/{cid}")
+    p.send(Publish("$SDV-FANOUT/trigger", trigger(ids, request_id, data_id), 1, False, False, 9))
+    await c.pump()
+    assert p.closed and p.acks() == []
+    (error,) = p.publishes()
+    return json.loads(error.payload)
+
+
+async def test_a_request_id_reused_with_another_data_id_is_rejected_and_writes_nothing(cluster):
+    vins = [f"C{i}" for i in range(8)]  # over both shards
+    await publish_batch(cluster, vins, "r1", "dA", blob=b"A")
+    p = await publish_batch(cluster, ["Z1"], "other", "dB", blob=b"B")
+    p.drop()
+    seqs = [s.applied_seq for s in cluster.stores]
+    body = await rejected_conflict(cluster, vins, "r1", "dB", "platform-2")
+    assert body["error"] == "invalid_trigger" and body["field"] == "data_id" and body["request_id"] == "r1"
+    assert "'dA'" in body["reason"] and "'dB'" in body["reason"]  # names the conflict
+    # only C0 is known on its shard with dA: the trigger is rejected whole, the other shard writes nothing
+    body = await rejected_conflict(cluster, ["C0", "FRESH1", "FRESH2", "FRESH3"], "r1", "dB", "platform-3")
+    assert "'C0'" in body["reason"]
+    assert [s.applied_seq for s in cluster.stores] == seqs
+    await publish_batch(cluster, vins, "r1", "dA", blob=b"A", pid=20)  # the same trigger again: accepted
+    await publish_batch(cluster, ["C90"], "r1", "dB", blob=b"B", pid=30)  # no common VIN: accepted
+    assert cluster.pending() == len(vins) + 2
+
+
+async def test_conflicting_triggers_in_one_round_keep_the_first(cluster):
+    p = cluster.platform()
+    p.send(Publish("$SDV-FANOUT/data/dA", b"A", 1, False, False, 1),
+           Publish("$SDV-FANOUT/data/dB", b"B", 1, False, False, 2),
+           Publish("$SDV-FANOUT/trigger", trigger(["V1", "V2"], "r1", "dA"), 1, False, False, 3),
+           Publish("$SDV-FANOUT/trigger", trigger(["V2", "V3"], "r1", "dB"), 1, False, False, 4))
+    await cluster.pump()
+    assert p.acks() == [1, 2, 3] and p.closed
+    assert cluster.pending() == 2
+    assert {s.get_req("r1", "V2")["data_id"] for s in cluster.stores if s.get_req("r1", "V2")} == {"dA"}
