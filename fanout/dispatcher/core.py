@@ -66,6 +66,7 @@ class DispatcherCore:
         self.rows = TickRows(store)
         self.vd = VinDispatcher(self.rows, started_ms=int(time.time() * 1000) if started_ms is None else started_ms)
         self.registry = TakeoverRegistry()
+        self._kicked: tuple[str, int] | None = None  # the kick queued by the last _register, if any
         self.blobs = BlobCache(store)
         self.output = TickOutput()
         self.events_in = 0
@@ -92,6 +93,7 @@ class DispatcherCore:
                 elif kind == EV_CONNECT:
                     _, cid, gen, present, subscribed, key = e
                     if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                        self._moved(node, cid)
                         vd.on_connect(cid, node, gen, present, key, subscribed=subscribed)
                 elif kind == EV_DISCONNECT:
                     _, cid, gen = e
@@ -107,6 +109,7 @@ class DispatcherCore:
                 elif kind == EV_SYNC:
                     _, cid, gen, subscribed, key = e
                     if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                        self._moved(node, cid)
                         vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
                         synced.append(cid)
         if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
@@ -116,7 +119,19 @@ class DispatcherCore:
         accepted, kick = self.registry.register(node, cid, gen)
         if kick is not None:
             self.output.kick(kick[0], cid, kick[1])
+            self._kicked = kick
+        else:
+            self._kicked = None
         return accepted
+
+    def _moved(self, node: str, vin: str) -> None:
+        """``vin`` connects on ``node``: a session on another node that holds its last row handed out is
+        left behind, and would resend that row if the vehicle came back there (even after the row was
+        acknowledged here). Kick that connection too (a kick also drops the fanout messages of the session
+        left behind, live or not; see :meth:`fanout.node.core.NodeCore.kick`)."""
+        holder = self.vd.session_holder(vin)
+        if holder is not None and holder[0] != node and holder != self._kicked:
+            self.output.kick(holder[0], vin, holder[1])
 
     def node_down(self, node: str) -> None:
         """A connection node died or restarted: everything connected there is gone."""

@@ -164,7 +164,7 @@ class VinDispatcher:
         actions: list[Action] = [self._delete(vin, row_key)]
         vs = self._vins[vin]  # _delete made sure it exists
         if vs.attempted == row_key:
-            vs.attempted = None  # acknowledged: nothing of it is pending any more
+            vs.attempted = vs.attempted_on = None  # acknowledged: nothing of it is pending any more
         if vs.node is None or generation != vs.generation:
             # Stale ack: e.g. the vehicle acked just before its connection dropped and the disconnect was
             # processed first. Only the delete counts; a newer connection's in-flight copy of the same row
@@ -243,7 +243,7 @@ class VinDispatcher:
         actions: list[Action] = [self._delete(vin, row_key, delivered=False)]
         vs = self._vins[vin]  # _delete made sure it exists
         if vs.attempted == row_key:
-            vs.attempted = None
+            vs.attempted = vs.attempted_on = None
         if vs.inflight is not None and vs.inflight.key == row_key:
             self._clear_inflight(vs)
             actions.extend(self.maybe_send(vin))
@@ -311,10 +311,18 @@ class VinDispatcher:
                 continue
             inflight.sent_ms = now_ms
             vs.attempted = send.row.key
+            vs.attempted_on = (send.node, send.generation)
             plan.sends.setdefault(send.node, []).append(send)
         self._sends = []
         self._deletes = []
         return plan
+
+    def session_holder(self, vin: str) -> tuple[NodeId, int] | None:
+        """The connection ``(node, generation)`` whose session may still hold the row last handed out for
+        ``vin`` (not acknowledged yet), or None. When the VIN connects on another node, that session's copy
+        is stale: its row is dispatched to the new connection (sent again with DUP=1)."""
+        vs = self._vins.get(vin)
+        return None if vs is None else vs.attempted_on
 
     def vehicle(self, vin: str) -> VehicleState | None:
         """The state of ``vin`` (for ``fanout inspect vin`` and tests); do not mutate."""

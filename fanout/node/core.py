@@ -338,11 +338,17 @@ class NodeCore(BrokerHooks):
         return sum(publish(topic, payload, qos, retain) for topic, payload, qos, retain in messages)
 
     def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
-        """Close connections taken over on another node.
+        """Close connections taken over on another node, and drop the fanout messages their sessions keep.
+
+        A dispatcher's kick ``(client_id, generation)`` says the client id now connects on another node: if
+        ``generation`` is live here it is closed; unless a newer connection is live here, the fanout
+        messages of the session left behind (kept if persistent) are dropped, since their rows are now
+        dispatched to the other connection (an acknowledged one would otherwise come again, with DUP=0
+        if it was still queued, should the vehicle come back here).
 
         Args:
-            kicks: :class:`fanout.records.Kick` tuples; a generation that is not the live one is ignored
-                (that connection is already gone), ``None`` kicks whatever is live.
+            kicks: :class:`fanout.records.Kick` tuples; ``None`` closes whatever is live and drops nothing
+                (an operator's kick, not a takeover).
 
         Returns:
             How many connections were closed.
@@ -353,6 +359,33 @@ class NodeCore(BrokerHooks):
             if entry is not None and (gen is None or entry[1] == gen):
                 if self.broker.kick(cid, "kicked: taken over on another node"):
                     n += 1
+                entry = None
+            if entry is None and gen is not None and self.broker is not None:
+                self._drop_fanout_messages(cid)
+        return n
+
+    def _drop_fanout_messages(self, client_id: str) -> int:
+        """Remove the messages tagged with a row key from the offline session of ``client_id``.
+
+        (Reaches into :class:`fanout.mqtt.session.Session`'s ``inflight`` and ``queue``: the broker has no
+        verb for it yet.)
+        """
+        s = self.broker.session_of(client_id)
+        if s is None or s.conn is not None:
+            return 0
+        stale = [pid for pid, m in s.inflight.items() if type(m.tag) is bytes]
+        for pid in stale:
+            del s.inflight[pid]
+        n = len(stale)
+        if s.queue:
+            kept = [m for m in s.queue if type(m.tag) is not bytes]
+            n += len(s.queue) - len(kept)
+            s.queue.clear()
+            s.queue.extend(kept)
+            if not kept:
+                s.queue = None
+        if n:
+            log.info("fanout messages of a session left behind dropped", client_id=client_id, messages=n)
         return n
 
     # -- ingest ---------------------------------------------------------------------------------------
