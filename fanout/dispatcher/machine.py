@@ -311,7 +311,7 @@ class VinDispatcher:
                 continue
             inflight.sent_ms = now_ms
             vs.attempted = send.row.key
-            vs.attempted_on = (send.node, send.generation)
+            vs.attempted_on = send
             plan.sends.setdefault(send.node, []).append(send)
         self._sends = []
         self._deletes = []
@@ -322,7 +322,8 @@ class VinDispatcher:
         ``vin`` (not acknowledged yet), or None. When the VIN connects on another node, that session's copy
         is stale: its row is dispatched to the new connection (sent again with DUP=1)."""
         vs = self._vins.get(vin)
-        return None if vs is None else vs.attempted_on
+        send = None if vs is None else vs.attempted_on
+        return None if send is None else (send.node, send.generation)
 
     def vehicle(self, vin: str) -> VehicleState | None:
         """The state of ``vin`` (for ``fanout inspect vin`` and tests); do not mutate."""

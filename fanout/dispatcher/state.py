@@ -88,7 +88,7 @@ class VehicleState:
     resumed_inflight: bool = False  # inflight came from a resumed session; the node redelivers it
     deleting: set[bytes] | None = None  # acked keys whose Delete is not confirmed yet (Rule 4)
     attempted: bytes | None = None  # key of the row last handed to a node for this VIN, until acknowledged
-    attempted_on: tuple[NodeId, int] | None = None  # the connection it was handed to (its session may hold it)
+    attempted_on: Send | None = None  # the send that handed it out: its connection's session may hold it
 
 
 @dataclass(frozen=True, slots=True)
