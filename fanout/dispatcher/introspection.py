@@ -1,15 +1,27 @@
 """What ``fanout status``, ``fanout inspect`` and ``$SYS/fanout/...`` read from one dispatcher core."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from storage.keys import decode_ids_key
-
-if TYPE_CHECKING:
-    from fanout.dispatcher.core import DispatcherCore
-    from fanout.dispatcher.state import InFlight
+from fanout.dispatcher.blobs import BlobCache
+from fanout.dispatcher.machine import VinDispatcher
+from fanout.dispatcher.state import InFlight
+from fanout.dispatcher.takeover import TakeoverRegistry
 
 INSPECT_ROWS = 20
+
+
+class DispatcherCore(Protocol):
+    """What is read here of :class:`fanout.dispatcher.core.DispatcherCore` (which imports this module)."""
+
+    store: Any
+    shard: int
+    vd: VinDispatcher
+    registry: TakeoverRegistry
+    blobs: BlobCache
+    events_in: int
+    rows_enqueued: int
+    commits: int
 
 
 def _inflight_json(inflight: InFlight | None) -> dict[str, Any] | None:
