@@ -42,6 +42,7 @@ from fanout.dispatcher.state import (
 from fanout.generations import incarnation_of, newer
 
 FENCE_SIZE = 16_384  # generations of recently closed connections kept after their VIN's state is dropped
+SENT_NOTHING_PENDING = b""  # ``attempted`` once its row is acknowledged: sent since the start, none out
 
 
 class VinDispatcher:
@@ -164,7 +165,7 @@ class VinDispatcher:
         actions: list[Action] = [self._delete(vin, row_key)]
         vs = self._vins[vin]  # _delete made sure it exists
         if vs.attempted == row_key:
-            vs.attempted = vs.attempted_on = None  # acknowledged: nothing of it is pending any more
+            vs.attempted, vs.attempted_on = SENT_NOTHING_PENDING, None  # acknowledged: nothing of it is pending
         if vs.node is None or generation != vs.generation:
             # Stale ack: e.g. the vehicle acked just before its connection dropped and the disconnect was
             # processed first. Only the delete counts; a newer connection's in-flight copy of the same row
@@ -243,7 +244,7 @@ class VinDispatcher:
         actions: list[Action] = [self._delete(vin, row_key, delivered=False)]
         vs = self._vins[vin]  # _delete made sure it exists
         if vs.attempted == row_key:
-            vs.attempted = vs.attempted_on = None
+            vs.attempted, vs.attempted_on = SENT_NOTHING_PENDING, None
         if vs.inflight is not None and vs.inflight.key == row_key:
             self._clear_inflight(vs)
             actions.extend(self.maybe_send(vin))
@@ -268,7 +269,9 @@ class VinDispatcher:
         # to a node last (the vehicle dropped before its PUBACK), or, for the first send to a VIN since
         # this dispatcher started (a restart, or a promoted replica after failover), a row older than
         # the start: one in flight per VIN means only the oldest row can have been out under the
-        # predecessor. (``attempted`` is set when a send leaves, in ``drain_actions``.)
+        # predecessor. (``attempted`` is set when a send leaves, in ``drain_actions``; a state dropped by
+        # Rule 6 forgets that it sent, so a row older than the start may get DUP=1 once more after a
+        # reconnect: a spurious DUP=1 is allowed, a missing one is not.)
         dup = row.key == vs.attempted or (vs.attempted is None and row.ts_ms < self._started_ms)
         send = Send(vin=vin, node=vs.node, generation=vs.generation, row=row, dup=dup)
         self._sends.append(send)
@@ -357,7 +360,7 @@ class VinDispatcher:
 
     def _forget_if_idle(self, vin: str, vs: VehicleState) -> None:
         """Rule 6: drop the state of a VIN that is offline with nothing pending; remember its generation."""
-        if vs.node is None and vs.inflight is None and vs.deleting is None and vs.attempted is None:
+        if vs.node is None and vs.inflight is None and vs.deleting is None and not vs.attempted:
             del self._vins[vin]
             if vs.generation >= 0:
                 self._remember(vin, vs.generation)

@@ -87,7 +87,7 @@ class VehicleState:
     inflight: InFlight | None = None  # the unacked row, if any
     resumed_inflight: bool = False  # inflight came from a resumed session; the node redelivers it
     deleting: set[bytes] | None = None  # acked keys whose Delete is not confirmed yet (Rule 4)
-    attempted: bytes | None = None  # key of the row last handed to a node for this VIN, until acknowledged
+    attempted: bytes | None = None  # key of the row last handed to a node for this VIN; b"" once acknowledged
     attempted_on: Send | None = None  # the send that handed it out: its connection's session may hold it
 
 

@@ -584,3 +584,16 @@ def test_the_fence_is_bounded(d: VinDispatcher, monkeypatch) -> None:
         online(d, vin=f"V{i}", gen=i + 1)
         d.on_disconnect(f"V{i}", i + 1)
     assert d.stats().fenced == 3 and d.stats().vehicles == 0
+
+
+def test_after_an_ack_the_next_row_older_than_the_start_is_not_dup(rows: MemoryRows) -> None:
+    """One in flight per VIN: only the oldest row can have been out under a predecessor, so once this
+    dispatcher has sent (and had acknowledged) a row, the next old row goes out with DUP=0."""
+    old1, old2 = rows.add("V1", "old1"), rows.add("V1", "old2")
+    d = VinDispatcher(rows, started_ms=10)
+    online(d)
+    (first,) = sends(d.on_heartbeat("V1", 1))
+    assert (first.row, first.dup) == (old1, True)
+    d.drain_actions(now_ms=0)
+    (second,) = sends(d.on_puback("V1", 1, old1.key))
+    assert (second.row, second.dup) == (old2, False)
