@@ -66,7 +66,6 @@ class DispatcherCore:
         self.rows = TickRows(store)
         self.vd = VinDispatcher(self.rows, started_ms=int(time.time() * 1000) if started_ms is None else started_ms)
         self.registry = TakeoverRegistry()
-        self._kicked: tuple[str, int] | None = None  # the kick queued by the last _register, if any
         self.blobs = BlobCache(store)
         self.output = TickOutput()
         self.events_in = 0
@@ -92,8 +91,7 @@ class DispatcherCore:
                     vd.on_heartbeat(cid, gen)
                 elif kind == EV_CONNECT:
                     _, cid, gen, present, subscribed, key = e
-                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
-                        self._moved(node, cid)
+                    if self._connect(node, cid, gen):
                         vd.on_connect(cid, node, gen, present, key, subscribed=subscribed)
                 elif kind == EV_DISCONNECT:
                     _, cid, gen = e
@@ -108,30 +106,33 @@ class DispatcherCore:
                     vd.on_send_failed(cid, gen, key)
                 elif kind == EV_SYNC:
                     _, cid, gen, subscribed, key = e
-                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
-                        self._moved(node, cid)
+                    if self._connect(node, cid, gen):
                         vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
                         synced.append(cid)
         if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
             self.dispatch_new(synced)
 
-    def _register(self, node: str, cid: str, gen: int) -> bool:
+    def _connect(self, node: str, cid: str, gen: int) -> bool:
+        """Register a connect (or resync) of ``cid`` on ``node`` and queue the kicks it causes.
+
+        The live connection of ``cid`` on another node is kicked (takeover). So is, for a vehicle, the
+        connection its last unacknowledged row was handed to, if on another node: that session is left
+        behind and would resend the row should the vehicle come back there, even after the row was
+        acknowledged here (a kick also drops the fanout messages of the session left behind, live or
+        not; see :meth:`fanout.node.core.NodeCore.kick`).
+
+        Returns:
+            Whether the dispatch machine takes the connect: a vehicle, and not superseded.
+        """
         accepted, kick = self.registry.register(node, cid, gen)
         if kick is not None:
             self.output.kick(kick[0], cid, kick[1])
-            self._kicked = kick
-        else:
-            self._kicked = None
-        return accepted
-
-    def _moved(self, node: str, vin: str) -> None:
-        """``vin`` connects on ``node``: a session on another node that holds its last row handed out is
-        left behind, and would resend that row if the vehicle came back there (even after the row was
-        acknowledged here). Kick that connection too (a kick also drops the fanout messages of the session
-        left behind, live or not; see :meth:`fanout.node.core.NodeCore.kick`)."""
-        holder = self.vd.session_holder(vin)
-        if holder is not None and holder[0] != node and holder != self._kicked:
-            self.output.kick(holder[0], vin, holder[1])
+        if not accepted or not VIN_RE.fullmatch(cid):
+            return False
+        holder = self.vd.session_holder(cid)
+        if holder is not None and holder[0] != node and holder != kick:
+            self.output.kick(holder[0], cid, holder[1])
+        return True
 
     def node_down(self, node: str) -> None:
         """A connection node died or restarted: everything connected there is gone."""
