@@ -7,6 +7,7 @@ from fanout.dispatcher.blobs import BlobCache
 from fanout.dispatcher.machine import VinDispatcher
 from fanout.dispatcher.state import InFlight
 from fanout.dispatcher.takeover import TakeoverRegistry
+from storage.keys import decode_ids_key
 
 INSPECT_ROWS = 20
 

@@ -130,3 +130,17 @@ def test_an_ingest_call_refuses_a_conflicting_trigger_whole_even_a_big_one(core)
     assert results[1] == {"vins": 1} and results[2].startswith(CONFLICT_PREFIX) and "'W1'" in results[2]
     assert core.store.applied_seq == seq + 1 and core.store.pending_count() == 2  # only r2/W1 written
     assert core.trigger_conflicts([IngestItem.build("r1", "d1", join_vins(vins), 7)]) == [None]  # a re-send
+
+
+def test_stats_and_inspect_read_a_vehicle_in_flight(core):
+    core.store.apply(WriteBatch().enqueue("V1", 5, "r1", "d1"))
+    online(core, ["V1"])
+    core.apply_events("n0", [HeartbeatEvent.build("V1", 10)])
+    core.drain(20)
+    state = core.inspect_vin("V1")
+    assert state["state"]["inflight"] == {"request_id": "r1", "ts_ms": 5, "sent_ms": 20}
+    assert state["connection"] == {"node": "n0", "generation": 10} and state["pending_rows"] == 1
+    stats = core.stats()
+    assert (stats["in_flight"], stats["connected"], stats["vehicles"], stats["clients"]) == (1, 1, 1, 1)
+    assert core.inspect_request("r1")["by_status"] == {"pending": 1}
+    assert core.inspect_data("d1")["size"] == 4
