@@ -79,6 +79,12 @@ class _RayShardLink:
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
         return await self._call(shard, "has_data", data_ids)
 
+    async def requests_in_use(self, shard: int, request_ids: list[str]) -> list[bool]:
+        return await self._call(shard, "requests_in_use", request_ids)
+
+    async def trigger_conflicts(self, shard: int, items: list[tuple]) -> list[str | None]:
+        return await self._call(shard, "trigger_conflicts", items)
+
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
         return await self._call(shard, "ingest", items)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 from .settings import MQTTSettings
 
@@ -279,6 +279,31 @@ class Session:
         inflight = tuple(m.tag for m in self.inflight.values() if m.tag is not None)
         queued = tuple(m.tag for m in self.queue if m.tag is not None) if self.queue else ()
         return inflight, queued
+
+    def drop_where(self, stale: Callable[[OutMsg], bool]) -> int:
+        """Remove the messages, in flight or queued, for which ``stale(msg)`` is true, releasing their bytes
+        from the session's and the node's budgets.
+
+        Returns:
+            How many were removed.
+        """
+        dropped = [pid for pid, m in self.inflight.items() if stale(m)]
+        for pid in dropped:
+            self.bytes -= self.inflight.pop(pid).size
+        n = len(dropped)
+        q = self.queue
+        if q:
+            kept = [m for m in q if not stale(m)]
+            for m in q:
+                if stale(m):
+                    self.bytes -= m.size
+                    self.budget.queued_bytes -= m.size
+            n += len(q) - len(kept)
+            q.clear()
+            q.extend(kept)
+            if not kept:
+                self.queue = None
+        return n
 
     def queued_count(self) -> int:
         """Messages waiting in the queue."""

@@ -184,3 +184,18 @@ def test_node_budget_is_shared_and_counts_queued_bytes_only():
     assert budget.queued_bytes == 200 and a.bytes == 600  # in flight: out of the node budget, in the session's
     b.clear_messages()
     assert budget.queued_bytes == 0 and b.bytes == 0
+
+
+def test_drop_where_releases_the_session_and_node_budgets() -> None:
+    budget = QueueBudget(10_000)
+    s = Session("c", clean=False, limits=SessionLimits(max_inflight=1), budget=budget)
+    sent = OutMsg("t/a", b"x" * 100, 1, tag=b"row1")
+    s.send(sent)
+    for i in range(3):
+        s.enqueue(OutMsg(f"t/{i}", b"y" * 50, 1, tag=b"row" if i != 1 else None))
+    assert s.bytes == 103 + 3 * 53 and budget.queued_bytes == 3 * 53
+    assert s.drop_where(lambda m: type(m.tag) is bytes) == 3
+    assert s.bytes == 53 and budget.queued_bytes == 53
+    assert not s.inflight and s.queued_count() == 1
+    assert s.drop_where(lambda m: True) == 1
+    assert s.bytes == 0 and budget.queued_bytes == 0 and s.queue is None
