@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto clean
+.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto chromium clean
 
 install: $(STAMP)
 
@@ -30,10 +30,15 @@ mosquitto:
 	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto) >/dev/null)
 
+# Headless Chromium and its WebDriver for the console's browser test (Debian packages).
+chromium:
+	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null)
+
 run: install
 	$(BIN)/python scripts/demo.py
 
-test: install java mosquitto
+test: install java mosquitto chromium
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-unit: install

@@ -1,7 +1,8 @@
 """``fanout up``: start (or join) Ray, place the fanout actors, run until SIGINT/SIGTERM.
 
-Prints exactly one line on stdout, ``fanout ready mqtt://H:P`` (the first node's listener, the real port
-when ``--port 0``), once every node accepts connections; logs go to stderr. A signal drains the nodes,
+Prints one line on stdout, ``fanout ready mqtt://H:P`` (the first node's listener, the real port when
+``--port 0``), once every node accepts connections, then ``fanout console http://H:P/`` when the HTTP
+listener is on (``[http] port``, 0 = off; ``https`` with the MQTT certificate); logs go to stderr. A signal drains the nodes,
 closes the stores, kills the actors and shuts Ray down (exit 0). A port that cannot be bound, or no Ray
 node with the ``fanout_node`` resource, exits 1 with a message; a bad config exits 2 before Ray starts.
 
@@ -44,8 +45,11 @@ def _run(args: argparse.Namespace) -> int:
         "storage": {"data_dir": args.data_dir},
         "cluster": {"address": args.address},
     })
+    from cluster.http.auth import check_http_config
+
     # Listener policy errors (e.g. non-loopback without users) are config errors: exit 2 before Ray starts.
     AccessControl(cfg, listener_is_loopback=is_loopback_host(cfg.mqtt.host))
+    check_http_config(cfg)
 
     from storage.data_dir_lock import DataDirBusy, DataDirLock
 
@@ -87,6 +91,8 @@ def _serve(cfg: Any) -> int:
         try:
             if not stop.is_set():
                 print(f"fanout ready {cluster.url}", flush=True)
+                if cluster.info.get("http"):
+                    print(f"fanout console {cluster.info['http']}", flush=True)
             while not stop.wait(0.5):
                 pass
             log.info("fanout stopping", reason="signal")
