@@ -5,12 +5,14 @@
 - :func:`http_config`: the fanout test config (:func:`fanout_config`) with the HTTP listener on a free port.
 - :func:`fetch`: one HTTP request with the standard library; returns :class:`Answer` for every status
   (4xx/5xx included), optionally with basic credentials, a body, extra headers or a TLS context.
+- :func:`raw_request`: bytes written on a plain socket, the answer read until the server closes.
 - :func:`metric_values`: ``/metrics`` text parsed by ``prometheus_client.parser`` into
   ``{(sample name, frozenset(labels)): value}``, and :func:`metric_sum` over a sample name.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import socket
@@ -69,6 +71,21 @@ def fetch(url: str, *, login: tuple[str, str] | None = None, method: str = "GET"
         return Answer(err.code, {k.lower(): v for k, v in err.headers.items()}, err.read())
 
 
+def port_of(url: str) -> int:
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def raw_request(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send ``data`` to 127.0.0.1:``port`` as is; everything received until the server closes (or fails)."""
+    chunks = []
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def metric_values(text: str) -> dict[tuple[str, frozenset], float]:
     out: dict[tuple[str, frozenset], float] = {}
     for family in text_string_to_metric_families(text):
@@ -83,4 +100,5 @@ def metric_sum(values: dict[tuple[str, frozenset], float], name: str, **labels: 
     return sum(v for (n, ls), v in values.items() if n == name and want <= set(ls))
 
 
-__all__ = ["free_port", "http_config", "fetch", "basic", "Answer", "metric_values", "metric_sum"]
+__all__ = ["free_port", "http_config", "fetch", "basic", "Answer", "port_of", "raw_request", "metric_values",
+           "metric_sum"]
