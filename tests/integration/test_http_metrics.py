@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -18,6 +19,7 @@ from fanout.mqtt.packets import Connack, Connect
 from .fanout_harness import Vehicle, publish_batch, running_cluster, wait_until
 from .http_fixtures import fetch, http_config, metric_sum, metric_values
 
+ROOT = Path(__file__).resolve().parents[2]
 VINS = [f"MET{i}" for i in range(4)]
 REQUEST = "metrics-req-1"
 
@@ -170,3 +172,28 @@ def test_a_gc_cycle_shows_in_the_gc_metrics(cluster):
     assert metric_sum(m, "fanout_gc_cycle_duration_seconds_sum") == pytest.approx(summary["stage_s"]["total"])
     assert metric_sum(m, "fanout_gc_last_cycle_stage_seconds", stage="export") > 0
     assert metric_sum(m, "fanout_gc_deleted_total") == summary.get("deleted", 0)
+
+
+def test_the_grafana_dashboard_and_scrape_config_use_what_metrics_serve(cluster):
+    import json
+    import re
+
+    import yaml
+
+    from fanout.config import SCHEMA
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = fetch(cluster.info["http"] + "metrics").body.decode()
+    families = list(text_string_to_metric_families(text))  # a family without samples yet (GC stages) counts
+    served = {f.name for f in families} | {s.name for f in families for s in f.samples}
+    dashboard = json.loads((ROOT / "cluster" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {name for e in exprs for name in re.findall(r"\bfanout_[a-z_]+", e)}
+    later = {"fanout_requests"}  # served once the request lifecycle keeps per-request counters
+    assert used - served - later == set(), sorted(used - served - later)
+    assert later <= used and len(exprs) >= 20
+    scrape_config = yaml.safe_load((ROOT / "cluster" / "prometheus.yml").read_text())
+    job = scrape_config["scrape_configs"][0]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == [f"{SCHEMA['http']['host'].default}:{SCHEMA['http']['port'].default}"]
