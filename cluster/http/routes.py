@@ -135,22 +135,22 @@ async def list_requests(request: web.Request) -> web.Response:
     return web.json_response({"requests": rows}, dumps=_dumps)
 
 
-async def show_request(request: web.Request) -> web.Response:
+async def _one_request(request: web.Request, verb: Callable[[str], Awaitable[dict | None]]) -> web.Response:
+    """``verb(request_id)`` of the id in the path (checked as the store checks it); 404 when it returns None."""
     request_id = request.match_info["request_id"]
     check_request_id(request_id)
-    found = await request.app[SERVICE].requests.request_status(request_id)
+    found = await verb(request_id)
     if found is None:
         return _error(404, f"no request {request_id!r} is known to the cluster")
     return web.json_response(found, dumps=_dumps)
 
 
+async def show_request(request: web.Request) -> web.Response:
+    return await _one_request(request, request.app[SERVICE].requests.request_status)
+
+
 async def cancel_request(request: web.Request) -> web.Response:
-    request_id = request.match_info["request_id"]
-    check_request_id(request_id)
-    done = await request.app[SERVICE].requests.cancel_request(request_id)
-    if done is None:
-        return _error(404, f"no request {request_id!r} is known to the cluster")
-    return web.json_response(done, dumps=_dumps)
+    return await _one_request(request, request.app[SERVICE].requests.cancel_request)
 
 
 def _static(path: str, body: bytes, content_type: str) -> Callable[[web.Request], Awaitable[web.Response]]:
