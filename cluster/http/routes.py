@@ -100,8 +100,10 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         return _error(400, str(exc))
     except asyncio.TimeoutError:
         return _error(504, f"the cluster did not answer within {ROUTE_TIMEOUT_S:.0f}s")
-    except RuntimeError as exc:
-        return _error(503, str(exc).strip().splitlines()[-1] if str(exc).strip() else "cluster unavailable")
+    except RuntimeError as exc:  # the controller's own "not started" and the like
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else "cluster unavailable"
+        log.warning("http route unavailable", path=request.path, error=message)
+        return _error(503, message)
     except Exception:
         log.exception("http route failed", path=request.path, method=request.method)
         return _error(500, "internal error (logged by the controller)")

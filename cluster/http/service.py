@@ -103,6 +103,9 @@ class HttpService:
         if self.auth.development:
             log.warning("http console open without login (development mode)", url=self.url,
                         hint="loopback listener without [users]; configure an admin user to require a login")
+        elif not any(u.role == "admin" for u in self.config.users.values()):
+            log.warning("no admin user configured: only /metrics can be used", url=self.url,
+                        hint="add an [users.<name>] table with role = \"admin\"")
         log.info("http listener ready", url=self.url, tls=ssl_ctx is not None, login=not self.auth.development)
         return self.url
 
