@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto clean
+.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto chromium clean
 
 install: $(STAMP)
 
@@ -40,10 +40,15 @@ build/cfleet: $(wildcard benchmarks/cfleet/*.c benchmarks/cfleet/*.h)
 	@mkdir -p build
 	$(CFLEET_CC) $(CFLEET_CFLAGS) -o $@ $(filter %.c,$^) -lm
 
+# Headless Chromium and its WebDriver for the console's browser test (Debian packages).
+chromium:
+	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null)
+
 run: install
 	$(BIN)/python -m scripts.demo
 
-test: install java mosquitto
+test: install java mosquitto chromium
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-unit: install

@@ -315,6 +315,7 @@ class ConnectionNode:
         port = self.server.port if self.server is not None else self._port
         lag, self._lag_max_s = self._lag_max_s, 0.0
         return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats(),
+                "auth_failures": self.server.acl.auth_failures if self.server is not None else 0,
                 "deliver_calls": self._deliver_calls, "event_calls": self._event_calls,
                 "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2),
                 "loop_lag_ms_max": round(1000 * lag, 1)}  # since the previous stats() call

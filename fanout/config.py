@@ -183,6 +183,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "num_cpus": Field("num_cpus", 0, _int(0), "CPUs for a local Ray instance (0 = all)"),
         "object_store_memory": Field("object_store_memory_bytes", "256MiB", _size(78 << 20), "object store of a local Ray instance"),
     },
+    # HTTP on the controller's node: /metrics, /api/..., the / console (cluster.http)
+    "http": {
+        "host": Field("host", "127.0.0.1", _str(), "HTTP listener address (metrics, JSON API, console)"),
+        "port": Field("port", 8080, _int(0, 65535), "HTTP listener port (0 = no HTTP listener)"),
+    },
 }
 
 
@@ -217,6 +222,7 @@ class Config:
     gc: Section
     log: Section
     cluster: Section
+    http: Section
     users: dict[str, UserConfig] = field(default_factory=dict)
     acl: tuple[AclRule, ...] = ()
     source: str | None = None

@@ -2,8 +2,9 @@
 
 Prints one line on stdout, ``fanout ready mqtt://H:P`` (the first node's listener, the real port when
 ``--port 0``), once every node accepts connections, then one more per extra listener of that node
-(``fanout ready mqtts://H:P``, ``fanout ready ws://H:P/mqtt``, ``fanout ready wss://H:P/mqtt``); logs go to
-stderr. SIGHUP reloads the TLS certificate files on every connection node (a Ray call, ``reload_tls``:
+(``fanout ready mqtts://H:P``, ``fanout ready ws://H:P/mqtt``, ``fanout ready wss://H:P/mqtt``), then
+``fanout console http://H:P/`` when the HTTP listener is on (``[http] port``, 0 = off; ``https`` with the MQTT
+certificate); logs go to stderr. SIGHUP reloads the TLS certificate files on every connection node (a Ray call, ``reload_tls``:
 actors install no signal handlers); open connections stay. SIGINT/SIGTERM drains the nodes,
 closes the stores, kills the actors and shuts Ray down (exit 0). A port that cannot be bound, or no Ray
 node with the ``fanout_node`` resource, exits 1 with a message; a bad config exits 2 before Ray starts.
@@ -48,11 +49,14 @@ def _run(args: argparse.Namespace) -> int:
         "storage": {"data_dir": args.data_dir},
         "cluster": {"address": args.address},
     })
+    from cluster.http.auth import check_http_config
+
     # Listener policy errors (e.g. non-loopback without users) are config errors: exit 2 before Ray starts.
     AccessControl(mqtt_settings(cfg), listener_is_loopback=is_loopback_host(cfg.mqtt.host))
     listeners = listener_settings(cfg)
     if listeners.tls is not None:
         build_context(listeners.tls)  # a certificate file that does not load names its key here
+    check_http_config(cfg)
 
     from storage.data_dir_lock import DataDirBusy, DataDirLock
 
@@ -97,6 +101,8 @@ def _serve(cfg: Any) -> int:
                 print(f"fanout ready {cluster.url}", flush=True)
                 for url in cluster.nodes[0].get("urls", ()):
                     print(f"fanout ready {url}", flush=True)
+                if cluster.info.get("http"):
+                    print(f"fanout console {cluster.info['http']}", flush=True)
             while not stop.wait(0.5):
                 if reload.is_set():
                     reload.clear()

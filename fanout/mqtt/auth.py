@@ -232,6 +232,7 @@ class AccessControl:
         self._decision_bytes = 0
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
         self.auth_cache_hits = 0
+        self.auth_failures = 0  # refused authentications (bad credentials, not authorised): metrics
         if self._dev_login:
             log.warning(
                 "dev platform login enabled",
@@ -323,8 +324,9 @@ class AccessControl:
             return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "vehicle client id is not a VIN")
         return Principal(username, role, client_id)
 
-    @staticmethod
-    def _refuse(code: int, client_id: str, username: str | None, reason: str) -> int:
+    def _refuse(self, code: int, client_id: str, username: str | None, reason: str) -> int:
+        with self._lock:  # authenticate runs in executor threads
+            self.auth_failures += 1
         log.info("mqtt connect refused", client_id=client_id, username=username, return_code=code, reason=reason)
         return code
 
