@@ -160,6 +160,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "heartbeat_interval": Field("heartbeat_interval_ms", "250ms", _duration(10), "how often the controller probes each shard primary"),
         "replica_timeout": Field("replica_timeout_ms", "2s", _duration(10), "a replica slower than this leaves the ack set; a write short of min_replicas_to_ack fails after it"),
         "tick": Field("tick_ms", "2ms", _duration(0), "dispatcher batching tick"),
+        "max_forward_queue": Field("max_forward_queue_bytes", "64MiB", _size(64 * 1024), "bytes of publishes queued for one peer node while its previous forward call is in flight; past it further publishes for that peer are dropped (counted as forwards_dropped, logged)"),
     },
     "storage": {
         "data_dir": Field("data_dir", "./var", _str(), "root of the LMDB shard directories"),

@@ -89,7 +89,8 @@ class NodeCore(BrokerHooks):
         self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
-        self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix))
+        self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix),
+                                 max_queue_bytes=config.fanout.max_forward_queue_bytes if config is not None else 64 << 20)
         self._wake = on_pending or (lambda: None)
         # client id -> (local generation, global generation, shard, is_vin)
         self._live: dict[str, tuple[int, int, int, bool]] = {}
@@ -432,6 +433,7 @@ class NodeCore(BrokerHooks):
             "blobs": self.ingest.blobs_ok,
             "rejected": self.ingest.rejected,
             "forwarded": self.routes.forwarded,
+            "forwards_dropped": self.routes.dropped,
             "peers": sorted(self.routes.peers),
         }
 

@@ -72,10 +72,12 @@ class PeerRoutes:
         interval_ms: least time between two announcements.
         full_check_ms: period of the announcement pass that runs without a known change.
         generalize: maps a local filter to the (wider) filter announced for it (see the module docstring).
+        max_queue_bytes: bound on the topic + payload bytes queued for one peer (they pile up while a call to
+            that peer is in flight); a publish that does not fit is dropped for that peer and counted.
     """
 
     def __init__(self, node_id: str, *, interval_ms: int = 50, full_check_ms: int = 2000,
-                 generalize: Callable[[str], str] | None = None) -> None:
+                 generalize: Callable[[str], str] | None = None, max_queue_bytes: int = 64 << 20) -> None:
         self.node_id = node_id
         self._generalize = generalize
         self._pace_ms = 0.0  # extra spacing so that building announcements stays under ANNOUNCE_LOOP_SHARE
@@ -83,6 +85,10 @@ class PeerRoutes:
         self._by_node: dict[str, set[str]] = {}
         self._peers: set[str] = set()
         self._out: dict[str, list[tuple]] = {}  # peer -> Forward tuples
+        self._out_bytes: dict[str, int] = {}  # peer -> topic + payload bytes of its queue
+        self._max_bytes = max_queue_bytes
+        self._over: set[str] = set()  # peers whose queue is full now (logged once per episode)
+        self.dropped = 0
         self._announced: set[str] = set()
         self._dirty = True
         self._reset_pending = True
@@ -113,6 +119,8 @@ class PeerRoutes:
         """Forget a peer (it died or left): its filters and queued forwards."""
         self._peers.discard(node)
         self._out.pop(node, None)
+        self._out_bytes.pop(node, None)
+        self._over.discard(node)
         if self._by_node.pop(node, None) is not None:
             self._trie.remove_all(node)
 
@@ -159,9 +167,16 @@ class PeerRoutes:
         else:
             targets = self._trie.match(topic) if self._by_node else ()
         item = Forward.build(topic, payload, qos, retain)
+        size = len(topic) + len(payload)
         n = 0
         out = self._out
+        sizes = self._out_bytes
         for node in targets:
+            queued = sizes.get(node, 0)
+            if queued + size > self._max_bytes and queued:
+                self._drop(node, queued)
+                continue
+            sizes[node] = queued + size
             q = out.get(node)
             if q is None:
                 out[node] = [item]
@@ -170,6 +185,13 @@ class PeerRoutes:
             n += 1
         self.forwarded += n
         return n
+
+    def _drop(self, node: str, queued: int) -> None:
+        self.dropped += 1
+        if node not in self._over:
+            self._over.add(node)
+            log.warning("forward queue full: publishes for this peer are dropped until its call returns",
+                        peer=node, queued_bytes=queued, limit="fanout.max_forward_queue")
 
     def has_forwards(self) -> bool:
         """True when some forward is queued."""
@@ -181,10 +203,14 @@ class PeerRoutes:
         busy = set(busy)
         if not busy:
             out, self._out = self._out, {}
+            self._out_bytes.clear()
+            self._over.clear()
             return out
         taken = {n: q for n, q in self._out.items() if n not in busy}
         for n in taken:
             del self._out[n]
+            self._out_bytes.pop(n, None)
+            self._over.discard(n)
         return taken
 
     # -- announcements of this node's filters -----------------------------------------------------------

@@ -50,3 +50,20 @@ def test_a_fleet_of_delivery_filters_is_announced_as_one():
     added, removed, reset = routes.announcement(10_000, local_filters=filters)
     assert (sorted(added), removed, reset) == (["agent/+/proxy/request/+", "news/#"], [], True)
     assert routes.announcement(20_000, local_filters=filters[5:]) is None  # nothing changed after widening
+
+
+def test_the_forward_queue_of_a_busy_peer_is_bounded_in_bytes_and_drops_are_counted() -> None:
+    routes = PeerRoutes("n0", max_queue_bytes=1000)
+    routes.set_peers(["n0", "n1", "n2"])
+    routes.update("n1", ["t/#"], [])
+    routes.update("n2", ["t/#"], [])
+    for _ in range(20):  # n1's call is in flight: its queue grows; n2 is taken every round
+        assert routes.forward("t/x", b"p" * 97, 1, False) >= 1  # 100 bytes with the topic
+        routes.take_forwards(busy=["n1"])
+    queued = routes.take_forwards()
+    assert len(queued["n1"]) == 10 and routes.dropped == 10
+    # once n1's queue is taken, it is accepted again
+    assert routes.forward("t/x", b"p" * 97, 1, False) == 2 and routes.dropped == 10
+    # a single publish larger than the bound still goes to an empty queue (one message is never refused)
+    routes.take_forwards()
+    assert routes.forward("t/x", b"p" * 5000, 1, False) == 2
