@@ -51,6 +51,13 @@ DEV_PLATFORM_USER = "platform"
 DEV_PLATFORM_PASSWORD = b"platform"
 _SYS = "$SYS"
 _FANOUT = "$SDV-FANOUT"
+_AGENT = "agent"  # the vehicles' inbox (fanout.topic_prefix default agent/{VIN}/proxy/request)
+_ECP = "ecp"  # what vehicles report (ecp/<VIN>/online, heartbeat, ...)
+
+
+def _under(topic: str, first_level: str) -> bool:
+    """True when ``topic`` (a name or filter) is ``first_level`` or below it."""
+    return topic == first_level or topic.startswith(first_level + "/")
 
 
 def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS) -> str:
@@ -170,11 +177,27 @@ def filter_covers(outer: str, inner: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated connection: who it is (None = anonymous), its role and its client id."""
+    """An authenticated connection: who it is (None = anonymous), its role and its client id.
+
+    Attributes:
+        username: the user name (a password login or a certificate's CN); None for anonymous clients.
+        role: ``platform``, ``vehicle``, ``client`` or ``admin``.
+        client_id: the connection's client id.
+        vehicle: True when this principal IS the vehicle its client id names (role ``vehicle``, or an
+            anonymous client in development mode): only such a connection is served fanout messages.
+        owner: what a session made by this principal is bound to, ``(username, role, vehicle)``; a session is
+            resumed only by a principal with the same owner (see :mod:`fanout.mqtt.lifecycle`).
+    """
 
     username: str | None
     role: str
     client_id: str
+    vehicle: bool = False
+
+    @property
+    def owner(self) -> tuple[str | None, str, bool]:
+        # The vehicle of VIN X is one principal however it logged in (fleet password or its certificate).
+        return (None, "vehicle", True) if self.vehicle else (self.username, self.role, False)
 
 
 class _Flight:
@@ -215,7 +238,12 @@ class AccessControl:
         check_password_hashes(self._users)
         self._anonymous_role: str = settings.anonymous_role
         self._vehicle_client_id = settings.vehicle_client_id
-        self._dev_login = bool(not self._users and listener_is_loopback and settings.dev_platform_login)
+        # Development mode: a loopback listener with no users. Outside it the principal rules of the module
+        # docstring hold; inside it an anonymous client may act as the vehicle its client id names.
+        self.dev_mode = bool(not self._users and listener_is_loopback)
+        self._dev_login = bool(self.dev_mode and settings.dev_platform_login)
+        # set by the TLS listener's config (mqtt.cert_role); read with a default so embeddings without it work
+        self._cert_role: str = getattr(settings, "cert_role", "vehicle")
         self._publish_rules = self._compile_rules(settings.acl, "publish")
         self._subscribe_rules = self._compile_rules(settings.acl, "subscribe")
         self._key = secrets.token_bytes(32)
@@ -225,6 +253,7 @@ class AccessControl:
         self._pending: dict[bytes, _Flight] = {}
         self._auth_cache_size = auth_cache_size
         self._decisions: dict[tuple[str | None, str, str, str], bool] = {}
+        self._reads: dict[tuple[str | None, str, str, str], bool] = {}
         self._decision_cache_size = decision_cache_size
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
         self.auth_cache_hits = 0
@@ -251,19 +280,24 @@ class AccessControl:
 
     # -- authentication ------------------------------------------------------------------------
 
-    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> Principal | int:
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None,
+                     cert_cn: str | None = None) -> Principal | int:
         """Authenticate one CONNECT.
 
         Args:
             client_id: the client identifier (as assigned, for a zero-length one).
             username: the CONNECT user name, or None when the flag is not set.
             password: the CONNECT password, or None when the flag is not set.
+            cert_cn: the subject CN of the connection's verified client certificate, or None.
 
         Returns:
             The Principal, or a CONNACK return code: 4 (bad user name or password) for an unknown
             user, a wrong password or a password without user name; 5 (not authorised) for anonymous
-            clients when ``anonymous_role`` is ``none`` and for a vehicle whose client id is not a VIN.
+            clients when ``anonymous_role`` is ``none``, for a vehicle whose client id is not a VIN
+            (or, with a certificate, not its CN) and for a user name that is not the certificate's CN.
         """
+        if cert_cn is not None:
+            return self.authenticate_certificate(client_id, username, cert_cn)
         if username is None:
             if password is not None:
                 return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, None, "password without user name")
@@ -279,6 +313,21 @@ class AccessControl:
         if password is None or not self._verify(user, password):
             return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
         return self._principal(username, user.role, client_id)
+
+    def authenticate_certificate(self, client_id: str, username: str | None, cert_cn: str) -> Principal | int:
+        """The principal of a verified client certificate (no password needed).
+
+        A CN naming a ``[users.NAME]`` takes that user's role; any other CN takes ``mqtt.cert_role``. A
+        vehicle's client id must equal its CN, so one vehicle certificate serves exactly one VIN. A
+        CONNECT user name, when sent, must be the CN (a certificate never speaks for another user).
+        """
+        if username is not None and username != cert_cn:
+            return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "user name is not the certificate CN")
+        user = self._users.get(cert_cn)
+        role = user.role if user is not None else self._cert_role
+        if role == "vehicle" and client_id != cert_cn:
+            return self._refuse(CONNACK_NOT_AUTHORISED, client_id, cert_cn, "vehicle client id is not its certificate CN")
+        return self._principal(cert_cn, role, client_id)
 
     def _verify(self, user: UserConfig, password: bytes) -> bool:
         name = user.name.encode("utf-8")
@@ -315,9 +364,15 @@ class AccessControl:
         return ok
 
     def _principal(self, username: str | None, role: str, client_id: str) -> Principal | int:
-        if role == "vehicle" and not self._vehicle_client_id.fullmatch(client_id):
+        is_vin = self._vehicle_client_id.fullmatch(client_id) is not None
+        if role == "vehicle" and not is_vin:
             return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "vehicle client id is not a VIN")
-        return Principal(username, role, client_id)
+        if username is None:
+            # anonymous: the vehicle its client id names only in development mode (the demo stays simple)
+            vehicle = self.dev_mode and is_vin
+        else:
+            vehicle = role == "vehicle"
+        return Principal(username, role, client_id, vehicle)
 
     @staticmethod
     def _refuse(code: int, client_id: str, username: str | None, reason: str) -> int:
@@ -355,6 +410,8 @@ class AccessControl:
             return self._first_rule(self._publish_rules, p, topic, topic_matches, True)
         if topic == _SYS or topic.startswith("$SYS/"):
             return False  # nobody but admin publishes $SYS, whatever the rules say
+        if not self.dev_mode and _under(topic, _ECP) and not (p.vehicle and topic.startswith(f"ecp/{p.client_id}/")):
+            return False  # (a): only the vehicle of VIN X publishes ecp/X/#, whatever the rules say
         if p.role == "platform":
             builtin = True
         elif p.role == "vehicle":
@@ -377,6 +434,9 @@ class AccessControl:
         p = principal
         if p.role == "admin":
             builtin = True
+        elif not self.dev_mode and _under(topic_filter, _AGENT) and not (
+                p.vehicle and topic_filter.startswith(f"agent/{p.client_id}/")):
+            return False  # (a): only the vehicle of VIN X reads agent/X/#, whatever the rules say
         elif topic_filter == _FANOUT or topic_filter.startswith("$SDV-FANOUT/"):
             cid = p.client_id
             builtin = bool(cid) and "+" not in cid and "#" not in cid and topic_filter == f"$SDV-FANOUT/errors/{cid}"
@@ -385,6 +445,38 @@ class AccessControl:
         else:
             builtin = True
         return self._first_rule(self._subscribe_rules, p, topic_filter, filter_covers, builtin)
+
+    def can_read(self, principal: Principal, topic: str) -> bool:
+        """Whether a message on the topic name ``topic`` may be delivered to ``principal`` (ACL at delivery).
+
+        Held whatever filter matched: the subscribe rules apply to the topic itself (a rule's filter
+        matching it, first match decides), then the role's policy for that topic, so a deny of
+        ``test/nosubscribe`` also stops a ``test/#`` or ``#`` subscriber from receiving it. Cached per
+        (principal, topic) in a bounded dict (cleared when full), like :meth:`can_publish`.
+        """
+        key = (principal.username, principal.role, principal.client_id, topic)
+        try:
+            return self._reads[key]
+        except KeyError:
+            pass
+        decision = self._decide_read(principal, topic)
+        if len(self._reads) >= self._decision_cache_size:
+            self._reads.clear()
+        self._reads[key] = decision
+        return decision
+
+    def _decide_read(self, p: Principal, topic: str) -> bool:
+        if p.role == "admin":
+            builtin = True
+        elif not self.dev_mode and _under(topic, _AGENT) and not (p.vehicle and topic.startswith(f"agent/{p.client_id}/")):
+            return False  # (a), as in can_subscribe
+        elif topic == _FANOUT or topic.startswith("$SDV-FANOUT/"):
+            builtin = topic == f"$SDV-FANOUT/errors/{p.client_id}"
+        elif p.role == "vehicle":
+            builtin = topic.startswith(f"agent/{p.client_id}/")
+        else:
+            builtin = True
+        return self._first_rule(self._subscribe_rules, p, topic, topic_matches, builtin)
 
     @staticmethod
     def _first_rule(

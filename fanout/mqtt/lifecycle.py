@@ -68,6 +68,8 @@ class Lifecycle:
         self._takeover_window = s.takeover_window_ms
         self._takeover_limit = s.takeover_limit
         self._takeovers: dict[str, list[int]] = {}  # client id -> [window start, count]
+        # development mode (loopback, no users) keeps today's behaviour: sessions are not bound to principals
+        self._dev_mode = bool(getattr(state.acl, "dev_mode", False))
         self._generation = 0
 
     def connection_made(self, now_ms: int, peer: Any) -> Connection:
@@ -93,6 +95,10 @@ class Lifecycle:
         if st.clients_connected >= self._max_connections:
             self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, "mqtt.max_connections reached")
             return
+        cert_cn = getattr(conn.peer, "cert_cn", None)  # set by a TLS listener for a verified client certificate
+        if cert_cn is not None:
+            self.finish_connect(conn, p, st.acl.authenticate(cid, p.username, p.password, cert_cn))
+            return
         if self._defer_auth is not None and p.username is not None:
             conn.held = [p]
             self._defer_auth(conn, functools.partial(st.acl.authenticate, cid, p.username, p.password))
@@ -111,6 +117,19 @@ class Lifecycle:
             self.refuse(conn, CONNACK_NOT_AUTHORIZED, "will topic not authorised")
             return
         old = st.sessions.get(cid)
+        if old is not None and old.principal is not None and old.principal.owner != principal.owner \
+                and not self._dev_mode:
+            if not self._may_evict(principal, old.principal):
+                self.refuse(conn, CONNACK_ID_REJECTED, "client id bound to another principal")
+                return
+            log.warning("mqtt session evicted", client_id=cid, reason="client id claimed by its vehicle",
+                        owner_username=old.principal.username, owner_role=old.principal.role, peer=conn.peer)
+            if old.conn is not None:
+                self.close(old.conn, "evicted: client id claimed by its vehicle", will=False)
+            old = st.sessions.get(cid)
+            if old is not None:
+                self.discard_session(old)
+                old = None
         if old is not None and old.conn is not None:
             if self._takeover_throttled(cid):
                 log.warning("mqtt takeover throttled", client_id=cid, limit=self._takeover_limit,
@@ -126,11 +145,14 @@ class Lifecycle:
         if present:
             s = old
             del st.offline[cid]
+            if s.principal != principal:  # same owner, other login (certificate vs password): rights may differ
+                s.principal = principal
+                st.match_cache.clear()  # routed recipients are filtered by each session's principal
         else:
             if len(st.sessions) >= self._max_sessions and not self._evict_oldest_offline():
                 self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, "mqtt.max_sessions reached")
                 return
-            s = Session(cid, p.clean_session, st.limits)
+            s = Session(cid, p.clean_session, st.limits, principal)
             st.sessions[cid] = s
         self._generation += 1
         conn.generation = self._generation
@@ -158,7 +180,8 @@ class Lifecycle:
             if st.events is not None:
                 resent, queued = s.tags()
             self._delivery.resume(s)
-        st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued))
+        st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
+                                principal.vehicle))
         log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
                  role=principal.role, clean_session=p.clean_session, session_present=present,
                  keepalive=p.keepalive, generation=conn.generation)
@@ -168,6 +191,12 @@ class Lifecycle:
         self._st.write(conn, encode_connack(False, code))
         self.close(conn, reason, will=False)
         log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
+
+    @staticmethod
+    def _may_evict(newcomer: Any, owner: Any) -> bool:
+        """A vehicle always gets its own VIN as client id: it evicts a session another principal made with
+        that id, unless that principal is a platform or admin login (trusted more than a fleet credential)."""
+        return newcomer.vehicle and owner.role not in ("platform", "admin")
 
     def _takeover_throttled(self, cid: str) -> bool:
         now = self._st.now

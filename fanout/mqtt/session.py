@@ -89,15 +89,19 @@ class Session:
         client_id: the client identifier.
         clean: the CONNECT's clean session flag (a clean session ends with its connection).
         limits: shared :class:`SessionLimits`.
+        principal: the principal that made the session (None in tests that need no ACL).
     """
 
     __slots__ = (
         "client_id", "clean", "limits", "subs", "inflight", "queue", "last_pid", "conn", "inbound_qos2",
-        "dropped", "dropped_unreported", "disconnected_ms",
+        "dropped", "dropped_unreported", "disconnected_ms", "principal",
     )
 
-    def __init__(self, client_id: str, clean: bool, limits: SessionLimits) -> None:
+    def __init__(self, client_id: str, clean: bool, limits: SessionLimits, principal: Any = None) -> None:
         self.client_id = client_id
+        # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
+        # every message given to the session is checked against its read rights (ACL at delivery)
+        self.principal = principal
         self.clean = clean
         self.limits = limits
         self.subs: dict[str, int] = {}
