@@ -231,7 +231,7 @@ class MQTTServer:
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop
         assert loop is not None
-        fut = loop.run_in_executor(None, fn)
+        fut = loop.run_in_executor(getattr(self.acl, "login_executor", None), fn)  # bounded PBKDF2 pool
 
         def done(f: asyncio.Future) -> None:
             exc = f.exception()

@@ -38,6 +38,7 @@ from typing import Callable, Iterable, Mapping
 
 import structlog
 
+from .login_guard import LoginGuard
 from .settings import AclRule, ConfigError, MQTTSettings, UserConfig
 from .topics import InvalidTopic, topic_matches, validate_topic_filter
 
@@ -255,6 +256,21 @@ class AccessControl:
         self._decisions: dict[tuple[str | None, str, str, str], bool] = {}
         self._reads: dict[tuple[str | None, str, str, str], bool] = {}
         self._decision_cache_size = decision_cache_size
+        # An unknown user name costs the same PBKDF2 run as a known one (against this hash, which matches
+        # nothing), so the answer time does not tell which users exist.
+        dummy_iterations = max((parse_password_hash(u.password_hash)[0] for u in self._users.values()),
+                               default=DEFAULT_ITERATIONS)
+        dummy_hash = "$".join((HASH_SCHEME, str(dummy_iterations), base64.b64encode(secrets.token_bytes(16)).decode(),
+                               base64.b64encode(secrets.token_bytes(32)).decode()))  # random: matches nothing
+        self._dummy = UserConfig("", dummy_hash, "none")
+        self._unknown_failures: dict[str, bytes] = {}  # bounded like _last_failure is by the user count
+        self.guard = LoginGuard(
+            limit_per_host=getattr(settings, "auth_fail_limit_per_host", 20),
+            limit_total=getattr(settings, "auth_fail_limit_total", 200),
+            window_ms=getattr(settings, "auth_fail_window_ms", 60_000),
+            threads=getattr(settings, "auth_threads", 1), queue=getattr(settings, "auth_queue", 32),
+        )
+        self.login_executor = self.guard.executor
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
         self.auth_cache_hits = 0
         if self._dev_login:
@@ -309,6 +325,8 @@ class AccessControl:
             if self._dev_login and username == DEV_PLATFORM_USER and password is not None:
                 if hmac.compare_digest(password, DEV_PLATFORM_PASSWORD):
                     return self._principal(username, "platform", client_id)
+            if self._users and password is not None:
+                self._verify(self._dummy, password, username)  # the same cost as a known user's wrong password
             return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
         if password is None or not self._verify(user, password):
             return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
@@ -329,15 +347,43 @@ class AccessControl:
             return self._refuse(CONNACK_NOT_AUTHORISED, client_id, cert_cn, "vehicle client id is not its certificate CN")
         return self._principal(cert_cn, role, client_id)
 
-    def _verify(self, user: UserConfig, password: bytes) -> bool:
-        name = user.name.encode("utf-8")
-        digest = hmac.new(self._key, len(name).to_bytes(4, "big") + name + password, hashlib.sha256).digest()
+    def authenticate_cached(self, client_id: str, username: str | None, password: bytes | None) -> Principal | int | None:
+        """The :meth:`authenticate` result when it needs no PBKDF2 run (answered on the caller's thread), else None.
+
+        Answered from memory: anonymous, a password without user name, the dev login, a verified-password
+        cache hit, and the remembered last failure of a user name (known or not, so both look alike).
+        """
+        if username is None or password is None or (self._dev_login and username == DEV_PLATFORM_USER):
+            return self.authenticate(client_id, username, password)
+        user = self._users.get(username)
+        digest = self._digest(username, password)
         with self._lock:
-            if digest in self._verified:
+            if user is not None and digest in self._verified:
+                self._verified.move_to_end(digest)
+                self.auth_cache_hits += 1
+                hit = True
+            elif (self._last_failure if user is not None else self._unknown_failures).get(username) == digest:
+                hit = False
+            else:
+                return None
+        if hit:
+            return self._principal(username, user.role, client_id)  # type: ignore[union-attr]
+        return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
+
+    def _digest(self, name: str, password: bytes) -> bytes:
+        raw = name.encode("utf-8")
+        return hmac.new(self._key, len(raw).to_bytes(4, "big") + raw + password, hashlib.sha256).digest()
+
+    def _verify(self, user: UserConfig, password: bytes, unknown_name: str | None = None) -> bool:
+        name = user.name if unknown_name is None else unknown_name
+        failures = self._last_failure if unknown_name is None else self._unknown_failures
+        digest = self._digest(name, password)
+        with self._lock:
+            if unknown_name is None and digest in self._verified:
                 self._verified.move_to_end(digest)
                 self.auth_cache_hits += 1
                 return True
-            if self._last_failure.get(user.name) == digest:
+            if failures.get(name) == digest:
                 return False
             flight = self._pending.get(digest)
             leader = flight is None
@@ -352,12 +398,14 @@ class AccessControl:
             ok = verify_password(password, user.password_hash)
         finally:
             with self._lock:
-                if ok:
+                if ok and unknown_name is None:
                     self._verified[digest] = None
                     if len(self._verified) > self._auth_cache_size:
                         self._verified.popitem(last=False)
                 else:
-                    self._last_failure[user.name] = digest
+                    if len(failures) >= self._auth_cache_size and name not in failures:
+                        failures.clear()  # bounded: unknown user names are the attacker's choice
+                    failures[name] = digest
                 del self._pending[digest]
             flight.ok = ok
             flight.done.set()

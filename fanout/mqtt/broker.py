@@ -269,6 +269,7 @@ class Broker:
             now_ms: current time.
         """
         self.state.now = now_ms
+        self._lifecycle.auth_answered()
         held = conn.held
         conn.held = None
         if held is None or conn.state is not CONNECTING:

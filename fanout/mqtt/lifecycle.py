@@ -34,7 +34,10 @@ from .connection import CONNECTED, CONNECTING, Connection
 from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
 from .hooks import ClientConnected, ClientDisconnected
-from .packets import CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect
+from .login_guard import peer_host
+from .packets import (
+    CONNACK_BAD_CREDENTIALS, CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect,
+)
 from .session import Session
 from .state import BrokerState
 
@@ -70,6 +73,8 @@ class Lifecycle:
         self._takeovers: dict[str, list[int]] = {}  # client id -> [window start, count]
         # development mode (loopback, no users) keeps today's behaviour: sessions are not bound to principals
         self._dev_mode = bool(getattr(state.acl, "dev_mode", False))
+        self._guard = getattr(state.acl, "guard", None)  # failed-login limits and the PBKDF2 pool
+        self._cached = getattr(state.acl, "authenticate_cached", lambda *a: None)
         self._generation = 0
 
     def connection_made(self, now_ms: int, peer: Any) -> Connection:
@@ -100,16 +105,33 @@ class Lifecycle:
             self.finish_connect(conn, p, st.acl.authenticate(cid, p.username, p.password, cert_cn))
             return
         if self._defer_auth is not None and p.username is not None:
+            cached = self._cached(cid, p.username, p.password)
+            if cached is not None:  # answered from memory: no thread hop (login_guard)
+                self.finish_connect(conn, p, cached)
+                return
+            guard = self._guard
+            if guard is not None:
+                refused = guard.admit(peer_host(conn.peer), st.now)
+                if refused is not None:
+                    self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, refused)
+                    return
             conn.held = [p]
             self._defer_auth(conn, functools.partial(st.acl.authenticate, cid, p.username, p.password))
             return
         self.finish_connect(conn, p, st.acl.authenticate(cid, p.username, p.password))
+
+    def auth_answered(self) -> None:
+        """A deferred authentication came back (whether or not its connection is still there)."""
+        if self._guard is not None:
+            self._guard.done()
 
     def finish_connect(self, conn: Connection, p: Connect, result: Any) -> None:
         """Accept or refuse ``conn`` once its authentication ``result`` (Principal or CONNACK code) is known."""
         st = self._st
         cid: str = conn.client_id  # type: ignore[assignment]
         if isinstance(result, int):
+            if result == CONNACK_BAD_CREDENTIALS and self._guard is not None:
+                self._guard.failed(peer_host(conn.peer), st.now)
             self.refuse(conn, result, "authentication")
             return
         principal = result

@@ -64,6 +64,11 @@ class MQTTSettings:
         max_inflight: unacknowledged outbound QoS 1/2 messages per session before queueing.
         max_offline_messages: queued messages per session.
         offline_drop: which message a full queue drops, ``oldest`` or ``newest``.
+        auth_fail_limit_per_host: failed logins per source address per window before PBKDF2 logins are refused.
+        auth_fail_limit_total: failed logins overall per window before PBKDF2 logins are refused.
+        auth_fail_window_ms: the failed-login counting window.
+        auth_threads: PBKDF2 threads.
+        auth_queue: PBKDF2 verifications waiting or running before a newcomer is refused.
     """
 
     vehicle_client_id: re.Pattern[str]
@@ -85,6 +90,11 @@ class MQTTSettings:
     max_inflight: int
     max_offline_messages: int
     offline_drop: str
+    auth_fail_limit_per_host: int
+    auth_fail_limit_total: int
+    auth_fail_window_ms: int
+    auth_threads: int
+    auth_queue: int
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]
