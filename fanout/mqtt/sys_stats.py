@@ -104,7 +104,13 @@ class SysStats:
             "$SYS/broker/subscriptions/count": b.subscription_count,
             "$SYS/broker/retained messages/count": len(b.retained),
             "$SYS/broker/heap/current": rss_bytes(),
+            "$SYS/broker/publish/messages/denied_at_delivery": getattr(b, "deliveries_denied", 0),
         }
+        guard = getattr(getattr(b, "acl", None), "guard", None)  # fanout.mqtt.login_guard.LoginGuard
+        if guard is not None:
+            snap["$SYS/broker/auth/failures"] = guard.failures
+            snap["$SYS/broker/auth/limited"] = guard.limited
+            snap["$SYS/broker/auth/queue_full"] = guard.queue_full
         for fn in self._sources:
             try:
                 snap.update(fn())

@@ -48,6 +48,7 @@ def test_deny_rule_holds_for_wildcard_subscribers():
     for s in subs:
         assert [(t, p) for t, p, *_ in pubs(s.take())] == [("test/other", b"fine")]
     assert net.broker.state.deliveries_denied == 3
+    assert net.broker.sys.snapshot(net.now)["$SYS/broker/publish/messages/denied_at_delivery"] == 3
     root = login(net, "root-sub", "root")
     root.subscribe(("test/#", 0))  # the rule names no role or user: it applies to admin too
     pub.send(Publish("test/nosubscribe", b"secret", 0, False, False, None))

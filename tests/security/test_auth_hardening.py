@@ -63,6 +63,8 @@ def test_failures_limited_per_address_then_overall_but_cached_logins_pass():
     guard = net.acl.guard
     assert (guard.failures, guard.limited) == (5, 2)
     assert net.acl.pbkdf2_calls == 6  # 1 valid + 5 wrong: the limited ones cost nothing
+    snap = net.broker.sys.snapshot(net.now)
+    assert (snap["$SYS/broker/auth/failures"], snap["$SYS/broker/auth/limited"]) == (5, 2)
     net.advance(61_000)  # a new window
     assert attempt(net, calls, "10.0.2.1", b"bad-y").return_code == 4
 
