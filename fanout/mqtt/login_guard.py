@@ -9,7 +9,8 @@ Strategy (issue 11: a storm of wrong passwords must not delay valid logins, nor 
 - PBKDF2 runs in a small pool (``mqtt.auth_threads``, default 1) with a bounded number of verifications
   waiting or running (``mqtt.auth_queue``): past it a newcomer is refused at once with CONNACK 0x03
   (server unavailable), counted. So wrong passwords cost at most the pool's threads of CPU, however many
-  arrive, and the loop keeps serving cached logins and traffic.
+  arrive, and the loop keeps serving cached logins and traffic. The pool's threads run at nice +10 (Linux
+  sets it per thread), so on a busy machine the loop thread is scheduled first.
 - Failed logins (CONNACK 4 after a verification) are counted per source address and overall over
   ``mqtt.auth_fail_window_ms``; past ``mqtt.auth_fail_limit_per_host`` for an address, or
   ``mqtt.auth_fail_limit_total`` overall, further logins that would need a PBKDF2 run are refused with
@@ -22,6 +23,8 @@ Everything here runs on the loop thread (the broker core's thread); the pool is 
 """
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,6 +39,14 @@ def peer_host(peer: Any) -> str:
         return str(peer[0])
     host = getattr(peer, "host", None)
     return str(host) if host is not None else str(peer)
+
+
+def _lower_thread_priority() -> None:
+    """Run PBKDF2 at nice +10 (Linux: per thread), so on a busy machine the loop thread gets the CPU first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: the bounded pool still holds
+        pass
 
 
 class LoginGuard:
@@ -67,7 +78,8 @@ class LoginGuard:
         self.limited = 0
         self.queue_full = 0
         self.pending = 0
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mqtt-pbkdf2")
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mqtt-pbkdf2",
+                                           initializer=_lower_thread_priority)
 
     def _roll(self, now_ms: int) -> None:
         if now_ms - self._window_start >= self._window:
