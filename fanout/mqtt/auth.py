@@ -33,7 +33,7 @@ import ipaddress
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import structlog
@@ -194,6 +194,7 @@ class Principal:
     role: str
     client_id: str
     vehicle: bool = False
+    inbox: str = field(default="", compare=False)  # "agent/<VIN>/" for a vehicle (can_read's shortcut)
 
     @property
     def owner(self) -> tuple[str | None, str, bool]:
@@ -247,6 +248,12 @@ class AccessControl:
         self._cert_role: str = getattr(settings, "cert_role", "vehicle")
         self._publish_rules = self._compile_rules(settings.acl, "publish")
         self._subscribe_rules = self._compile_rules(settings.acl, "subscribe")
+        # whether some subscribe rule could apply to a vehicle under agent/ (then can_read has no shortcut there)
+        vehicle_roles = ("vehicle", self._anonymous_role) if self.dev_mode else ("vehicle",)
+        self._rules_reach_vehicles = any(
+            r.topic.split("/", 1)[0] in (_AGENT, "+", "#") and (r.role is None or r.role in vehicle_roles)
+            and (r.user is None or getattr(self._users.get(r.user), "role", None) == "vehicle")
+            for r in self._subscribe_rules)
         self._key = secrets.token_bytes(32)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._last_failure: dict[str, bytes] = {}
@@ -420,7 +427,7 @@ class AccessControl:
             vehicle = self.dev_mode and is_vin
         else:
             vehicle = role == "vehicle"
-        return Principal(username, role, client_id, vehicle)
+        return Principal(username, role, client_id, vehicle, f"agent/{client_id}/" if vehicle else "")
 
     @staticmethod
     def _refuse(code: int, client_id: str, username: str | None, reason: str) -> int:
@@ -502,6 +509,11 @@ class AccessControl:
         ``test/nosubscribe`` also stops a ``test/#`` or ``#`` subscriber from receiving it. Cached per
         (principal, topic) in a bounded dict (cleared when full), like :meth:`can_publish`.
         """
+        inbox = principal.inbox
+        if inbox and topic.startswith(inbox) and not self._rules_reach_vehicles:
+            # The fanout delivery path: a vehicle reading under agent/<own VIN>/, where no rule that could apply
+            # to a vehicle matches, is allowed by its policy. No cache: every request id is a new topic.
+            return True
         key = (principal.username, principal.role, principal.client_id, topic)
         try:
             return self._reads[key]
