@@ -1,10 +1,11 @@
-"""Authentication (salted PBKDF2 password hashes) and topic access control for the MQTT broker.
+"""Authentication (passwords, certificate CNs) and topic access control for the MQTT broker.
 
-Strategy:
+Strategy (the principals and the trust model they serve are described in :mod:`fanout.mqtt.principals`):
 
-- Passwords are stored as ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>`` (``fanout passwd`` makes
-  them). Every hash in the config is parsed when :class:`AccessControl` is built, so a malformed one stops
+- Passwords are stored as ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>`` (:mod:`passwords`). Every
+  hash in the config is parsed when :class:`AccessControl` is built, so a malformed one stops
   start-up with ``users.<name>.password_hash: ...`` instead of silently refusing that user later.
+- A verified client certificate authenticates its CN (:meth:`AccessControl.authenticate_certificate`).
 - PBKDF2 at 600,000 iterations costs ~0.2-0.3 s of CPU by design, and a fleet of 10,000 vehicles sharing
   one credential may reconnect at once. Successful verifications are therefore cached in memory, keyed by
   ``HMAC-SHA256(k, username, password)`` where ``k`` is 32 random bytes drawn per ``AccessControl``
@@ -15,37 +16,45 @@ Strategy:
   The remaining exposure is a memory dump of the live process, which yields ``k`` and the digests of
   recently used passwords (fast to brute force, unlike PBKDF2); whoever can dump the broker's memory can
   also read passwords from its socket buffers, so the cache does not widen that threat.
-  Failed attempts are never cached as success; the last failed digest per known user is remembered, so
-  a client retrying one wrong password costs one PBKDF2 run, not one per connect. Concurrent misses for
-  the same credential (threads) share one PBKDF2 run. A miss blocks the calling thread for the whole
-  PBKDF2 run: an asyncio caller should run ``authenticate`` in an executor.
+  Failed attempts are never cached as success; the last failed digest per user name (known or not, the
+  unknown ones bounded) is remembered, so a client retrying one wrong password costs one PBKDF2 run, not
+  one per connect. An unknown user name costs a PBKDF2 run against an unmatchable hash of the same
+  iteration count, so timing does not reveal which users exist. Concurrent misses for the same credential
+  (threads) share one PBKDF2 run. :meth:`AccessControl.authenticate_cached` answers what needs no PBKDF2
+  on the caller's thread; the rest blocks its thread for the whole run, so the broker runs it in the
+  bounded pool of :mod:`login_guard`.
 - Authorisation: the extra ``[[acl]]`` rules in file order, first match decides; otherwise the role's
   built-in policy (DESIGN.md "MQTT contract"). Publishing to ``$SYS/#`` is refused to everyone but admin
-  before any rule is consulted. Publish decisions are cached per (principal, topic) in a bounded dict
-  (cleared when full), since publish checks sit on the per-message hot path.
+  before any rule is consulted; outside development mode so are reading ``agent/X/#`` and publishing
+  ``ecp/X/#`` to everyone but the vehicle of X (and admin). Publish decisions are cached per (principal,
+  topic) in a bounded dict (cleared when full), since publish checks sit on the per-message hot path.
+- ACL at delivery (:meth:`AccessControl.can_read`): the subscribe rules and role policy applied to the
+  topic name of each message a session is given, cached per (principal, topic) the same way; a vehicle's
+  own delivery topics skip the cache when no rule can apply there (each request id is a new topic).
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import ipaddress
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 import structlog
 
 from .login_guard import LoginGuard
+from .passwords import (
+    DEFAULT_ITERATIONS, HASH_SCHEME, check_password_hashes, hash_password, parse_password_hash, unmatchable_hash,
+    verify_password,
+)
+from .principals import Principal
 from .settings import AclRule, ConfigError, MQTTSettings, UserConfig
 from .topics import InvalidTopic, topic_matches, validate_topic_filter
 
 log = structlog.get_logger(__name__)
 
-HASH_SCHEME = "pbkdf2_sha256"
-DEFAULT_ITERATIONS = 600_000
 CONNACK_BAD_CREDENTIALS = 4
 CONNACK_NOT_AUTHORISED = 5
 DEV_PLATFORM_USER = "platform"
@@ -59,75 +68,6 @@ _ECP = "ecp"  # what vehicles report (ecp/<VIN>/online, heartbeat, ...)
 def _under(topic: str, first_level: str) -> bool:
     """True when ``topic`` (a name or filter) is ``first_level`` or below it."""
     return topic == first_level or topic.startswith(first_level + "/")
-
-
-def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS) -> str:
-    """Hash a password with PBKDF2-HMAC-SHA256 and a 16-byte random salt.
-
-    Args:
-        password: the plaintext password (encoded as UTF-8, as MQTT clients send it).
-        iterations: PBKDF2 iteration count.
-
-    Returns:
-        ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>``.
-
-    Raises:
-        ValueError: iterations < 1.
-    """
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    salt = secrets.token_bytes(16)
-    dk = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
-    return f"{HASH_SCHEME}${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
-
-
-def parse_password_hash(encoded: str) -> tuple[int, bytes, bytes]:
-    """Split an encoded hash into (iterations, salt, derived key).
-
-    Raises:
-        ValueError: the encoding is malformed; the message says what is wrong.
-    """
-    parts = encoded.split("$")
-    if len(parts) != 4 or parts[0] != HASH_SCHEME:
-        raise ValueError(f"expected {HASH_SCHEME}$<iterations>$<salt>$<hash>")
-    if not (parts[1].isascii() and parts[1].isdigit()) or int(parts[1]) < 1:
-        raise ValueError(f"iterations must be a positive integer, got {parts[1]!r}")
-    try:
-        salt = base64.b64decode(parts[2], validate=True)
-        dk = base64.b64decode(parts[3], validate=True)
-    except ValueError:
-        raise ValueError("salt and hash must be base64") from None
-    if not salt or len(dk) < 16:
-        raise ValueError("salt is empty or hash is shorter than 16 bytes")
-    return int(parts[1]), salt, dk
-
-
-def verify_password(password: bytes | str, encoded: str) -> bool:
-    """Check a password against an encoded hash in constant time.
-
-    Args:
-        password: the password as received (bytes) or typed (str, encoded as UTF-8).
-        encoded: a hash made by :func:`hash_password`.
-
-    Returns:
-        True when the password matches; False when it does not or the encoding is malformed
-        (malformed hashes are reported at config load by :func:`check_password_hashes`).
-    """
-    try:
-        iterations, salt, expected = parse_password_hash(encoded)
-    except ValueError:
-        return False
-    pw = password.encode("utf-8") if isinstance(password, str) else password
-    return hmac.compare_digest(hashlib.pbkdf2_hmac("sha256", pw, salt, iterations, len(expected)), expected)
-
-
-def check_password_hashes(users: Mapping[str, UserConfig]) -> None:
-    """Raise ConfigError naming the first user whose password_hash does not parse."""
-    for name, user in users.items():
-        try:
-            parse_password_hash(user.password_hash)
-        except ValueError as exc:
-            raise ConfigError(f"users.{name}.password_hash: {exc} (create one with `fanout passwd`)") from None
 
 
 def is_loopback_host(host: str) -> bool:
@@ -174,32 +114,6 @@ def filter_covers(outer: str, inner: str) -> bool:
         elif olevel != ilevel:
             return False
     return len(i) == len(o)
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """An authenticated connection: who it is (None = anonymous), its role and its client id.
-
-    Attributes:
-        username: the user name (a password login or a certificate's CN); None for anonymous clients.
-        role: ``platform``, ``vehicle``, ``client`` or ``admin``.
-        client_id: the connection's client id.
-        vehicle: True when this principal IS the vehicle its client id names (role ``vehicle``, or an
-            anonymous client in development mode): only such a connection is served fanout messages.
-        owner: what a session made by this principal is bound to, ``(username, role, vehicle)``; a session is
-            resumed only by a principal with the same owner (see :mod:`fanout.mqtt.lifecycle`).
-    """
-
-    username: str | None
-    role: str
-    client_id: str
-    vehicle: bool = False
-    inbox: str = field(default="", compare=False)  # "agent/<VIN>/" for a vehicle (can_read's shortcut)
-
-    @property
-    def owner(self) -> tuple[str | None, str, bool]:
-        # The vehicle of VIN X is one principal however it logged in (fleet password or its certificate).
-        return (None, "vehicle", True) if self.vehicle else (self.username, self.role, False)
 
 
 class _Flight:
@@ -267,8 +181,7 @@ class AccessControl:
         # nothing), so the answer time does not tell which users exist.
         dummy_iterations = max((parse_password_hash(u.password_hash)[0] for u in self._users.values()),
                                default=DEFAULT_ITERATIONS)
-        dummy_hash = "$".join((HASH_SCHEME, str(dummy_iterations), base64.b64encode(secrets.token_bytes(16)).decode(),
-                               base64.b64encode(secrets.token_bytes(32)).decode()))  # random: matches nothing
+        dummy_hash = unmatchable_hash(dummy_iterations)
         self._dummy = UserConfig("", dummy_hash, "none")
         self._unknown_failures: dict[str, bytes] = {}  # bounded like _last_failure is by the user count
         self.guard = LoginGuard(
@@ -551,5 +464,6 @@ class AccessControl:
 
 __all__ = [
     "AccessControl", "Principal", "filter_covers", "hash_password", "verify_password", "parse_password_hash",
-    "check_password_hashes", "is_loopback_host", "CONNACK_BAD_CREDENTIALS", "CONNACK_NOT_AUTHORISED",
+    "check_password_hashes", "is_loopback_host", "CONNACK_BAD_CREDENTIALS", "CONNACK_NOT_AUTHORISED", "HASH_SCHEME",
+    "DEFAULT_ITERATIONS",
 ]

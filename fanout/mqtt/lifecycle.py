@@ -9,8 +9,13 @@ evictions). Rules enforced, with the statement they implement:
 - zero-length client id only with clean session, else CONNACK 0x02 (MQTT-3.1.3-7/8); a unique id is
   assigned (MQTT-3.1.3-6);
 - authentication result 4/5 -> CONNACK 4/5; a will topic the principal may not publish -> 5;
+- outside development mode a session is bound to the principal that made it: a CONNECT by another
+  principal with its client id is refused with 0x02, except that a vehicle evicts a squatter of its VIN
+  (the trust model, :mod:`principals`); a certificate's CN is authenticated inline, as are logins answered
+  from memory; PBKDF2 logins go through the failed-login limits and the bounded pool (:mod:`login_guard`);
 - takeover closes the OLD connection and publishes its will (MQTT-3.1.4-2, MQTT-3.1.2-8); more than
-  ``takeover_limit`` takeovers of one id within ``takeover_window_ms`` refuse the newcomer with 0x03;
+  ``takeover_limit`` takeovers of one id within ``takeover_window_ms`` (by its owner: others are refused
+  before) refuse the newcomer with 0x03;
 - clean session discards any previous session (MQTT-3.1.2-6); otherwise it is resumed with session
   present = 1 (MQTT-3.2.2-2), unacknowledged messages resent with DUP=1, PUBRELs resent, then the queue;
 - a clean session ends with its connection; a persistent one stays, queueing QoS 1/2, until
@@ -35,6 +40,7 @@ from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
 from .hooks import ClientConnected, ClientDisconnected
 from .login_guard import peer_host
+from .principals import may_evict
 from .packets import (
     CONNACK_BAD_CREDENTIALS, CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect,
 )
@@ -141,7 +147,7 @@ class Lifecycle:
         old = st.sessions.get(cid)
         if old is not None and old.principal is not None and old.principal.owner != principal.owner \
                 and not self._dev_mode:
-            if not self._may_evict(principal, old.principal):
+            if not may_evict(principal, old.principal):
                 self.refuse(conn, CONNACK_ID_REJECTED, "client id bound to another principal")
                 return
             log.warning("mqtt session evicted", client_id=cid, reason="client id claimed by its vehicle",
@@ -213,12 +219,6 @@ class Lifecycle:
         self._st.write(conn, encode_connack(False, code))
         self.close(conn, reason, will=False)
         log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
-
-    @staticmethod
-    def _may_evict(newcomer: Any, owner: Any) -> bool:
-        """A vehicle always gets its own VIN as client id: it evicts a session another principal made with
-        that id, unless that principal is a platform or admin login (trusted more than a fleet credential)."""
-        return newcomer.vehicle and owner.role not in ("platform", "admin")
 
     def _takeover_throttled(self, cid: str) -> bool:
         now = self._st.now
