@@ -362,15 +362,19 @@ class AccessControl:
         Returns:
             True when allowed (first matching publish rule, else the role's policy).
         """
+        return self._cached(self._decisions, self._decide_publish, principal, topic)
+
+    def _cached(self, cache: dict, decide: Callable[[Principal, str], bool], principal: Principal, topic: str) -> bool:
+        """One decision through a bounded cache (cleared when full), keyed by a flat tuple of strings."""
         key = (principal.username, principal.role, principal.client_id, topic)
         try:
-            return self._decisions[key]
+            return cache[key]
         except KeyError:
             pass
-        decision = self._decide_publish(principal, topic)
-        if len(self._decisions) >= self._decision_cache_size:
-            self._decisions.clear()
-        self._decisions[key] = decision
+        decision = decide(principal, topic)
+        if len(cache) >= self._decision_cache_size:
+            cache.clear()
+        cache[key] = decision
         return decision
 
     def _decide_publish(self, p: Principal, topic: str) -> bool:
@@ -427,16 +431,7 @@ class AccessControl:
             # The fanout delivery path: a vehicle reading under agent/<own VIN>/, where no rule that could apply
             # to a vehicle matches, is allowed by its policy. No cache: every request id is a new topic.
             return True
-        key = (principal.username, principal.role, principal.client_id, topic)
-        try:
-            return self._reads[key]
-        except KeyError:
-            pass
-        decision = self._decide_read(principal, topic)
-        if len(self._reads) >= self._decision_cache_size:
-            self._reads.clear()
-        self._reads[key] = decision
-        return decision
+        return self._cached(self._reads, self._decide_read, principal, topic)
 
     def _decide_read(self, p: Principal, topic: str) -> bool:
         if p.role == "admin":
