@@ -118,8 +118,8 @@ class Lifecycle:
             guard = self._guard
             if guard is not None:
                 refused = guard.admit(peer_host(conn.peer), st.now)
-                if refused is not None:
-                    self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, refused)
+                if refused is not None:  # counted in $SYS and warned once per window, not logged per connect
+                    self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, refused, logged=False)
                     return
             conn.held = [p]
             self._defer_auth(conn, functools.partial(st.acl.authenticate, cid, p.username, p.password))
@@ -214,11 +214,12 @@ class Lifecycle:
                  role=principal.role, clean_session=p.clean_session, session_present=present,
                  keepalive=p.keepalive, generation=conn.generation)
 
-    def refuse(self, conn: Connection, code: int, reason: str) -> None:
+    def refuse(self, conn: Connection, code: int, reason: str, *, logged: bool = True) -> None:
         """CONNACK with a non-zero return code, then close (MQTT-3.2.2-5)."""
         self._st.write(conn, encode_connack(False, code))
         self.close(conn, reason, will=False)
-        log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
+        if logged:
+            log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
 
     def _takeover_throttled(self, cid: str) -> bool:
         now = self._st.now
