@@ -27,7 +27,8 @@ Strategy (the principals and the trust model they serve are described in :mod:`f
   built-in policy (DESIGN.md "MQTT contract"). Publishing to ``$SYS/#`` is refused to everyone but admin
   before any rule is consulted; outside development mode so are reading ``agent/X/#`` and publishing
   ``ecp/X/#`` to everyone but the vehicle of X (and admin). Publish decisions are cached per (principal,
-  topic) in a bounded dict (cleared when full), since publish checks sit on the per-message hot path.
+  topic) in a dict bounded by entries and by the bytes of its keys (cleared when either is full: a client
+  publishing to many long topics cannot grow it), since publish checks sit on the per-message hot path.
 - ACL at delivery (:meth:`AccessControl.can_read`): the subscribe rules and role policy applied to the
   topic name of each message a session is given, cached per (principal, topic) the same way; a vehicle's
   own delivery topics skip the cache when no rule can apply there (each request id is a new topic).
@@ -126,6 +127,16 @@ class _Flight:
         self.ok = False
 
 
+class _DecisionCache:
+    """Cached decisions and the bytes of client ids and topics their keys hold."""
+
+    __slots__ = ("entries", "bytes")
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str | None, str, str, str], bool] = {}
+        self.bytes = 0
+
+
 class AccessControl:
     """Authenticates CONNECTs and decides publish/subscribe permissions from one immutable config.
 
@@ -133,7 +144,8 @@ class AccessControl:
         settings: the MQTT settings (users, acl, anonymous_role, dev_platform_login, vehicle_client_id).
         listener_is_loopback: whether the MQTT listener binds a loopback address only.
         auth_cache_size: successful verifications remembered (LRU).
-        decision_cache_size: cached publish decisions (cleared when full).
+        decision_cache_size: cached publish (and, apart, read) decisions (cleared when full).
+        decision_cache_bytes: bytes of client ids and topics in each decision cache (cleared when over).
 
     Raises:
         ConfigError: a non-loopback listener without users, a malformed password hash, an invalid
@@ -142,7 +154,7 @@ class AccessControl:
 
     def __init__(
         self, settings: MQTTSettings, *, listener_is_loopback: bool, auth_cache_size: int = 10_000,
-        decision_cache_size: int = 65_536,
+        decision_cache_size: int = 65_536, decision_cache_bytes: int = 16 << 20,
     ) -> None:
         self._users = {u.name: u for u in settings.users}
         if not self._users and not listener_is_loopback:
@@ -174,9 +186,10 @@ class AccessControl:
         self._lock = threading.Lock()
         self._pending: dict[bytes, _Flight] = {}
         self._auth_cache_size = auth_cache_size
-        self._decisions: dict[tuple[str | None, str, str, str], bool] = {}
-        self._reads: dict[tuple[str | None, str, str, str], bool] = {}
+        self._decisions = _DecisionCache()  # publish
+        self._reads = _DecisionCache()  # read at delivery
         self._decision_cache_size = decision_cache_size
+        self._decision_cache_bytes = decision_cache_bytes
         # An unknown user name costs the same PBKDF2 run as a known one (against this hash, which matches
         # nothing), so the answer time does not tell which users exist.
         dummy_iterations = max((parse_password_hash(u.password_hash)[0] for u in self._users.values()),
@@ -364,17 +377,23 @@ class AccessControl:
         """
         return self._cached(self._decisions, self._decide_publish, principal, topic)
 
-    def _cached(self, cache: dict, decide: Callable[[Principal, str], bool], principal: Principal, topic: str) -> bool:
-        """One decision through a bounded cache (cleared when full), keyed by a flat tuple of strings."""
+    def _cached(self, cache: "_DecisionCache", decide: Callable[[Principal, str], bool], principal: Principal,
+                topic: str) -> bool:
+        """One decision through a cache bounded by entries and by the bytes of its keys (cleared when either is
+        full: a client using many long topics cannot grow it), keyed by a flat tuple of strings."""
         key = (principal.username, principal.role, principal.client_id, topic)
+        entries = cache.entries
         try:
-            return cache[key]
+            return entries[key]
         except KeyError:
             pass
         decision = decide(principal, topic)
-        if len(cache) >= self._decision_cache_size:
-            cache.clear()
-        cache[key] = decision
+        size = len(topic) + len(principal.client_id)
+        if len(entries) >= self._decision_cache_size or cache.bytes + size > self._decision_cache_bytes:
+            entries.clear()
+            cache.bytes = 0
+        entries[key] = decision
+        cache.bytes += size
         return decision
 
     def _decide_publish(self, p: Principal, topic: str) -> bool:

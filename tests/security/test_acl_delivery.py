@@ -129,3 +129,15 @@ def test_never_a_delivery_the_rules_forbid(acl, subs, published):
             continue
         for t, *_ in pubs(late.take()):
             assert may_read(user, t, acl), (user, f, t, acl)
+
+
+def test_read_decisions_are_bounded_by_entries_and_bytes():
+    from fanout.mqtt.auth import AccessControl
+
+    ac = AccessControl(net_with(DENY).settings, listener_is_loopback=True, decision_cache_size=100,
+                       decision_cache_bytes=10_000)
+    p = ac.authenticate("reader", "alice", b"alice-pw")
+    for n in range(1000):
+        assert ac.can_read(p, f"test/{'x' * 200}/{n}") is True
+        assert len(ac._reads.entries) <= 100 and ac._reads.bytes <= 10_000
+    assert ac.can_read(p, "test/nosubscribe") is False
