@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto clean
+.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto chromium clean
 
 install: $(STAMP)
 
@@ -25,21 +25,36 @@ java:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; \
 	fi
 
-# Mosquitto, the peer the benchmarks compare against (Debian package).
+# Mosquitto, the peer the benchmarks compare against, and its clients (mosquitto_pub/sub: the
+# third-party TLS client of tests/security) (Debian packages, installed together).
 mosquitto:
-	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
-		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto) >/dev/null)
+	@(command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto) && command -v mosquitto_sub >/dev/null || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients) >/dev/null)
+
+# The compiled MQTT load generator of the benchmarks (benchmarks/cfleet/*.c, libc only) -> build/cfleet.
+.PHONY: cfleet
+CFLEET_CC ?= gcc
+CFLEET_CFLAGS ?= -O2 -std=gnu11 -Wall -Wextra
+cfleet: build/cfleet
+build/cfleet: $(wildcard benchmarks/cfleet/*.c benchmarks/cfleet/*.h)
+	@mkdir -p build
+	$(CFLEET_CC) $(CFLEET_CFLAGS) -o $@ $(filter %.c,$^) -lm
+
+# Headless Chromium and its WebDriver for the console's browser test (Debian packages).
+chromium:
+	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null)
 
 run: install
 	$(BIN)/python -m scripts.demo
 
-test: install java mosquitto
+test: install java mosquitto chromium
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-unit: install
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
-bench: install java mosquitto
+bench: install java mosquitto cfleet
 	$(BIN)/python -m benchmarks.run
 
 bench-quick: install java mosquitto

@@ -79,6 +79,12 @@ class _RayShardLink:
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
         return await self._call(shard, "has_data", data_ids)
 
+    async def requests_in_use(self, shard: int, request_ids: list[str]) -> list[bool]:
+        return await self._call(shard, "requests_in_use", request_ids)
+
+    async def trigger_conflicts(self, shard: int, items: list[tuple]) -> list[str | None]:
+        return await self._call(shard, "trigger_conflicts", items)
+
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
         return await self._call(shard, "ingest", items)
 
@@ -131,17 +137,26 @@ class ConnectionNode:
         self._route_task: asyncio.Task | None = None
 
     async def _start(self) -> None:
-        from fanout.config import mqtt_settings
+        from fanout.config import listener_settings, mqtt_settings
         from fanout.mqtt.aio import MQTTServer
 
-        server = MQTTServer(mqtt_settings(self.config), host=self.host, port=self._port, hooks=self.edge, reuse_port=self._reuse_port)
+        listeners = listener_settings(self.config)
+        if listeners.enabled and self._port != self.config.mqtt.port:
+            # another Ray node of this machine (tests) moved off the configured port: the configured
+            # TLS/WebSocket ports belong to the node that holds the configured MQTT port
+            log.warning("extra listeners off on this node: it does not hold mqtt.port", node_id=self.node_id,
+                        port=self._port)
+            listeners = None
+        server = MQTTServer(mqtt_settings(self.config), host=self.host, port=self._port, hooks=self.edge,
+                            reuse_port=self._reuse_port, listeners=listeners)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
         self._restore_retained(server.broker.retained)
         await server.start()  # RuntimeError naming host:port when the bind fails
         self.server = server
         self._route_task = self._loop.create_task(self._route_loop())
-        log.info("connection node ready", node_id=self.node_id, host=self.host, port=server.port, pid=os.getpid())
+        log.info("connection node ready", node_id=self.node_id, host=self.host, port=server.port, pid=os.getpid(),
+                 extra_listeners=server.extra_urls)
 
     def _restore_retained(self, store: Any) -> None:
         """Load the retained messages every node persisted (see :mod:`storage.retained`), then track changes."""
@@ -174,7 +189,8 @@ class ConnectionNode:
         """Wait until the listener accepts connections.
 
         Returns:
-            ``{node_id, host, port, ray_node_id}`` with the real port.
+            ``{node_id, host, port, ray_node_id, urls}`` with the real port; ``urls`` lists the extra
+            listeners (``mqtts://H:P``, ``ws://H:P/mqtt``, ``wss://H:P/mqtt``).
 
         Raises:
             RuntimeError: the address cannot be bound; ConfigError: e.g. a non-loopback host without users.
@@ -186,7 +202,12 @@ class ConnectionNode:
                       error=str(exc))
             raise
         return {"node_id": self.node_id, "host": self.host, "port": self.server.port,
-                "ray_node_id": ray.get_runtime_context().get_node_id()}
+                "ray_node_id": ray.get_runtime_context().get_node_id(), "urls": self.server.extra_urls}
+
+    async def reload_tls(self) -> bool:
+        """Reload the TLS certificate files (the driver forwards its SIGHUP here; actors have no signal
+        handlers). Open connections stay; returns False when TLS is off or the files failed to load."""
+        return self.server.reload_tls() if self.server is not None else False
 
     async def check_health(self) -> None:
         """Raises if the listener failed; returning proves the event loop runs."""
@@ -294,6 +315,7 @@ class ConnectionNode:
         port = self.server.port if self.server is not None else self._port
         lag, self._lag_max_s = self._lag_max_s, 0.0
         return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats(),
+                "auth_failures": self.server.acl.auth_failures if self.server is not None else 0,
                 "deliver_calls": self._deliver_calls, "event_calls": self._event_calls,
                 "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2),
                 "loop_lag_ms_max": round(1000 * lag, 1)}  # since the previous stats() call

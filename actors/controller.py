@@ -1,3 +1,4 @@
+# Over 500 lines: the one Controller actor class (placement, status, housekeeping, GC and HTTP hooks); the shard table lives in actors/shards.py.
 """Controller actor: places and wires the fanout actors, aggregates status, runs periodic housekeeping.
 
 Strategy:
@@ -20,12 +21,17 @@ Strategy:
 - GC: :meth:`run_gc` runs one ``storage.jobs.cycle`` (every ``fanout.gc_interval`` from the housekeeping
   loop, and on ``fanout gc --live``): each dispatcher exports its shard, the Spark plan runs in this
   process, and the plan's WriteBatches go to each shard's primary with ``apply_batch`` (see :func:`gc_target`).
+- HTTP (``[http]``, port 0 = off): the service class handed in by ``cluster.runtime`` (``cluster.http``;
+  ``actors/`` may not import it) is started as a task in ``__init__`` on this actor's loop and awaited by
+  :meth:`ready` (as Ray Serve's proxy actor does); it calls :meth:`status`, :meth:`metrics_snapshot` and
+  :meth:`inspect` in process. A scrape costs one round of stats calls (as ``fanout status``), nothing is
+  added to the probe or housekeeping loops.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
 import structlog
@@ -74,9 +80,11 @@ class Controller:
 
     Args:
         config: the loaded :class:`fanout.config.Config` (``storage.data_dir`` is the shard root).
+        http_service: ``cluster.http.HttpService`` (called as ``http_service(config, self)``), started
+            unless ``http.port`` is 0; None = no HTTP listener.
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, http_service: Callable[[Any, Any], Any] | None = None) -> None:
         fanout_log.ensure_configured()
         self.config = config
         self.data_dir = str(config.storage.data_dir)
@@ -92,6 +100,24 @@ class Controller:
         self._ray_node_ids: dict[str, str] = {}
         self._next_node = 0
         self._gc_running = False
+        self._gc_figures: dict[str, Any] = {"ok": 0, "failed": 0, "seconds_sum": 0.0, "deleted": 0, "last_stage_s": {}}
+        self.http = http_service(config, self) if http_service is not None and config.http.port else None
+        self._http_task = asyncio.get_event_loop().create_task(self.http.start()) if self.http is not None else None
+
+    async def ready(self) -> dict[str, Any]:
+        """Wait for the HTTP listener (if any); ``{"http": url or None}``.
+
+        Raises:
+            RuntimeError: the HTTP address cannot be bound; ConfigError: e.g. non-loopback without users.
+        """
+        if self._http_task is None:
+            return {"http": None}
+        try:
+            return {"http": await asyncio.shield(self._http_task)}
+        except Exception as exc:
+            log.error("http listener failed to start", host=self.config.http.host, port=self.config.http.port,
+                      error=str(exc))
+            raise
 
     async def start(self) -> dict[str, Any]:
         """Create and wire the dispatchers and connection nodes; return when every listener is up.
@@ -104,6 +130,7 @@ class Controller:
         """
         if self._started:
             return self._info()
+        await self.ready()  # a taken HTTP port fails the start before any actor is placed
         cfg = self.config
         ray_nodes = fanout_ray_nodes()
         if not ray_nodes:
@@ -239,7 +266,8 @@ class Controller:
         return await self.shards.status(self._node_of) if self.shards is not None else []
 
     def _info(self) -> dict[str, Any]:
-        return {"nodes": [self.node_info[n] for n in sorted(self.node_info)], "shards": len(self.dispatchers)}
+        return {"nodes": [self.node_info[n] for n in sorted(self.node_info)], "shards": len(self.dispatchers),
+                "http": self.http.url if self.http is not None else None}
 
     async def info(self) -> dict[str, Any]:
         """Nodes (with their real ports) and the shard count."""
@@ -261,6 +289,8 @@ class Controller:
         for task in (self._loop_task, self._watch_task):
             if task is not None:
                 task.cancel()
+        if self.http is not None:
+            await self.http.stop()
         alive = self._alive_nodes()
         if alive:
             await asyncio.wait([asyncio.ensure_future(h.drain.remote()) for h in alive.values()], timeout=10.0)
@@ -309,6 +339,18 @@ class Controller:
         return {"nodes": nodes, "shards": shards, "totals": totals, "data_dir": self.data_dir,
                 "replication": await self.replication()}
 
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        """What ``/metrics`` renders (``cluster.http.metrics``): the :meth:`status` JSON, every live node's
+        ``$SYS`` tree (``{node_id: {topic: value}}``) and the GC cycle figures."""
+        node_ids = sorted(self._alive_nodes())
+        status, *trees = await asyncio.gather(
+            self.status(), *(asyncio.wait_for(self.nodes[n].sys_snapshot.remote(), STATUS_TIMEOUT_S) for n in node_ids),
+            return_exceptions=True)
+        if isinstance(status, BaseException):
+            raise status
+        return {"status": status, "gc": {**self._gc_figures, "last_stage_s": dict(self._gc_figures["last_stage_s"])},
+                "sys": {n: t for n, t in zip(node_ids, trees) if not isinstance(t, BaseException)}}
+
     async def inspect(self, kind: str, ident: str) -> dict[str, Any]:
         """``fanout inspect vin|data|request ID``.
 
@@ -354,12 +396,20 @@ class Controller:
         if self._gc_running:
             return {"status": "running", "now": now}
         self._gc_running = True
+        figures = self._gc_figures
         try:
             target = gc_target(self.dispatchers)
             summary = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: run_gc_cycle(target, config=self.config))
+        except BaseException:
+            figures["failed"] += 1
+            raise
         finally:
             self._gc_running = False
+        figures["ok"] += 1
+        figures["seconds_sum"] += summary.stage_s.get("total", 0.0)
+        figures["deleted"] += summary.deleted
+        figures["last_stage_s"] = dict(summary.stage_s)
         log.info("gc cycle done", now=now, plan_id=summary.plan_id, deleted=summary.deleted)
         return summary.as_dict()
 

@@ -185,6 +185,14 @@ class Dispatcher:
         """Whether each data id has a blob on this shard."""
         return self.core.has_data(data_ids)
 
+    async def requests_in_use(self, request_ids: list[str]) -> list[bool]:
+        """Whether this shard holds rows of each request id (the ingest conflict check)."""
+        return self.core.requests_in_use(request_ids)
+
+    async def trigger_conflicts(self, items: list[tuple]) -> list[str | None]:
+        """Per :class:`fanout.records.IngestItem`: None, or why its request id may not queue its VINs."""
+        return self.core.trigger_conflicts(items)
+
     async def ingest(self, items: list[tuple]) -> list[Any]:
         """Durably enqueue :class:`fanout.records.IngestItem` tuples, then dispatch the new rows.
 

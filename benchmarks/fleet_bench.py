@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import resource
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from fanout import log as fanout_log
 from .harness.cluster import BENCH_CONFIG, EmbeddedCluster, filesystem_of
 from .harness.peers import INFLIGHT_WINDOW, QUEUE_BOUND, SYSTEMS, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
-from .harness.processes import FD_MARGIN, processes_for, raise_nofile_limit
+from .harness.processes import processes_for, raise_nofile_limit, storm_size
 from .harness.report import at_least, attempt, get, median_run, ratio
 from .harness.results import bench_parser, log, result_name, run_header, save_result
 from .harness.versions import mosquitto_binary
@@ -96,21 +95,9 @@ QUICK = Sizes(vehicles=200, requests=2, ingest_vins=(10_000,), storm_vehicles=50
               fresh_storm_server=False, idle_s=1.0)
 
 
-def storm_size(requested: int) -> tuple[int, str | None]:
-    """The connection-storm size a single-process server allows here, and why it is smaller than
-    requested (or None). This cluster is not bound by it: it runs ``mqtt.listeners_per_node`` listener
-    processes on the port instead (:func:`storm_listeners`)."""
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard == resource.RLIM_INFINITY or hard - FD_MARGIN >= requested:
-        return requested, None
-    n = max(1, hard - FD_MARGIN)
-    return n, (f"RLIMIT_NOFILE hard limit is {hard} per process and cannot be raised here (no CAP_SYS_RESOURCE); "
-               f"a single-process server holds one descriptor per connection, so {n:,} = {hard:,} - {FD_MARGIN:,} "
-               f"spare is its largest storm; {requested:,} needs `ulimit -Hn {requested + FD_MARGIN}` or more")
-
-
 def storm_listeners(vehicles: int) -> int:
-    """Listener processes (``mqtt.listeners_per_node``) this cluster needs for ``vehicles`` connections."""
+    """Listener processes (``mqtt.listeners_per_node``) this cluster needs for ``vehicles`` connections (so
+    it is not bound by :func:`~benchmarks.harness.processes.storm_size`, the single-process peers are)."""
     return processes_for(vehicles)
 
 

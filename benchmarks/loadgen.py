@@ -195,10 +195,12 @@ class LeanClient(asyncio.Protocol):
             self.acked_all.set_result(None)
 
 
-async def connect(host: str, port: int, factory: Callable[[], LeanClient], timeout: float = STALL_S) -> LeanClient:
-    """Open one connection, send CONNECT and wait for a successful CONNACK."""
+async def connect(host: str, port: int, factory: Callable[[], LeanClient], timeout: float = STALL_S,
+                  ssl: Any = None) -> LeanClient:
+    """Open one connection (over TLS with an ``ssl`` client context), send CONNECT and wait for a CONNACK 0."""
     loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(loop.create_connection(factory, host, port), timeout)
+    _, client = await asyncio.wait_for(
+        loop.create_connection(factory, host, port, ssl=ssl, server_hostname=host if ssl is not None else None), timeout)
     code = await asyncio.wait_for(client.connack, timeout)
     if code != 0:
         raise RuntimeError(f"{client.client_id}: CONNACK return code {code}")
@@ -206,7 +208,7 @@ async def connect(host: str, port: int, factory: Callable[[], LeanClient], timeo
 
 
 async def connect_many(host: str, port: int, factories: Sequence[Callable[[], LeanClient]],
-                       progress: list[int]) -> list[LeanClient]:
+                       progress: list[int], ssl: Any = None) -> list[LeanClient]:
     """Connect one client per factory, ``CONNECT_CONCURRENCY`` at a time; ``progress[0]`` counts them.
 
     On any failure the clients already connected are closed before the error propagates.
@@ -216,7 +218,7 @@ async def connect_many(host: str, port: int, factories: Sequence[Callable[[], Le
 
     async def one(factory: Callable[[], LeanClient]) -> LeanClient:
         async with sem:
-            client = await connect(host, port, factory, STALL_S)
+            client = await connect(host, port, factory, STALL_S, ssl)
             made.append(client)
             progress[0] += 1
             return client

@@ -30,6 +30,12 @@ class LocalShardLink:
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
         return self.cores[shard].has_data(data_ids)
 
+    async def requests_in_use(self, shard: int, request_ids: list[str]) -> list[bool]:
+        return self.cores[shard].requests_in_use(request_ids)
+
+    async def trigger_conflicts(self, shard: int, items: list[tuple]) -> list[str | None]:
+        return self.cores[shard].trigger_conflicts(items)
+
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
         core = self.cores[shard]
         job = core.ingest_job(items)

@@ -149,6 +149,7 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
 
     from actors.controller import Controller
     from actors.names import CONTROLLER_NAME, NAMESPACE, remote_error_text
+    from cluster.http import HttpService
 
     name = name or CONTROLLER_NAME
     already = ray.is_initialized()
@@ -166,7 +167,7 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
                                NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
     if detached:
         options["lifetime"] = "detached"
-    controller = Controller.options(**options).remote(config)
+    controller = Controller.options(**options).remote(config, HttpService)
     cluster = FanoutCluster(controller, {"nodes": [], "shards": 0}, name, owns)
     started = time.monotonic()
     try:

@@ -76,7 +76,7 @@ def _duration(lo_ms: int = 0) -> Callable[[Any], int]:
     return parse
 
 
-def _size(lo: int = 0) -> Callable[[Any], int]:
+def _size(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         try:
             n = parse_size_bytes(v)
@@ -84,6 +84,8 @@ def _size(lo: int = 0) -> Callable[[Any], int]:
             raise ValueError(str(exc)) from None
         if n < lo:
             raise ValueError(f"must be at least {format_size_bytes(lo)}, got {v!r}")
+        if hi is not None and n > hi:
+            raise ValueError(f"must be at most {format_size_bytes(hi)}, got {v!r}")
         return n
 
     return parse
@@ -112,13 +114,30 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "mqtt": {
         "host": Field("host", "127.0.0.1", _str(), "listener address"),
         "port": Field("port", 1883, _int(0, 65535), "listener port (0 = any free port)"),
+        "tls_port": Field("tls_port", 0, _int(0, 65535), "MQTT over TLS listener port (0 = off)"),
+        "ws_port": Field("ws_port", 0, _int(0, 65535), "MQTT over WebSocket listener port, path /mqtt (0 = off)"),
+        "wss_port": Field("wss_port", 0, _int(0, 65535), "MQTT over WebSocket over TLS listener port, path /mqtt (0 = off)"),
+        "tls_cert": Field("tls_cert", "", _str(nonempty=False), "PEM server certificate chain of the TLS listeners (reloaded on SIGHUP)"),
+        "tls_key": Field("tls_key", "", _str(nonempty=False), "PEM private key of tls_cert"),
+        "tls_ca": Field("tls_ca", "", _str(nonempty=False), "PEM CA bundle that client certificates must chain to"),
+        "tls_client_auth": Field("tls_client_auth", "none", _str(("none", "optional", "required")), "client certificates: none, optional (verified if presented) or required"),
         "anonymous_role": Field("anonymous_role", "client", _str(ROLES + ("none",)), "role of clients without username ('none' refuses them)"),
+        "cert_role": Field("cert_role", "vehicle", _str(ROLES), "role of a verified client certificate whose CN names no [users.NAME] (a vehicle's client id must equal its CN)"),
+        "max_connect_size": Field("max_connect_size_bytes", "64KiB", _size(64), "largest CONNECT accepted, before authentication; larger closes the connection"),
         "max_packet_size": Field("max_packet_size_bytes", "1MiB", _size(64), "largest packet accepted; larger closes the connection"),
         "max_platform_packet_size": Field("max_platform_packet_size_bytes", "64MiB", _size(64), "largest packet from platform/admin logins (a 1,000,000-VIN trigger is ~20 MB of JSON)"),
+        "max_topic_levels": Field("max_topic_levels", 128, _int(1, 32768), "most levels in a topic or filter: a deeper filter gets SUBACK 0x80, a deeper topic is acknowledged but not delivered"),
+        "max_topic_length": Field("max_topic_length_bytes", "4KiB", _size(1, 65535), "longest topic or filter (UTF-8 bytes), treated as max_topic_levels is"),
+        "max_subscriptions_per_client": Field("max_subscriptions_per_client", 1000, _int(1), "filters one session may hold; more get SUBACK 0x80"),
         "sys_interval": Field("sys_interval_ms", "10s", _duration(0), "$SYS publish interval (0 = off)"),
         "connect_timeout": Field("connect_timeout_ms", "10s", _duration(100), "drop a connection that sends no CONNECT within this"),
         "max_offline_messages": Field("max_offline_messages", 1000, _int(0), "per-session offline queue bound"),
         "offline_drop": Field("offline_drop", "oldest", _str(("oldest", "newest")), "which message a full offline queue drops (counted and logged)"),
+        "max_session_bytes": Field("max_session_bytes", "16MiB", _size(1024), "bytes of messages one session holds, queued + in flight; past it offline_drop applies as past max_offline_messages (a session holding nothing still takes one message)"),
+        "max_queued_bytes": Field("max_queued_bytes", "1GiB", _size(1024), "bytes of queued messages of all sessions of a node together; past it offline_drop applies"),
+        "max_write_buffer": Field("max_write_buffer_bytes", "8MiB", _size(64 * 1024), "bytes waiting to be written to a client that does not read; past it the connection is closed (a persistent session stays, within max_session_bytes)"),
+        "max_retained_messages": Field("max_retained_messages", 10_000, _int(0), "retained topics kept ($SYS excluded); a new retained topic past it is delivered but not retained"),
+        "max_retained_bytes": Field("max_retained_bytes", "64MiB", _size(0), "topic + payload bytes of retained messages kept ($SYS excluded); a retained message that does not fit is delivered but not retained, and removes the topic's previous one"),
         "max_inflight": Field("max_inflight", 32, _int(1, 65535), "unacked outbound QoS 1/2 messages per session before queueing"),
         "max_sessions": Field("max_sessions", 2_000_000, _int(1), "persistent sessions kept"),
         "session_expiry": Field("session_expiry_ms", "2h", _duration(0), "drop a disconnected persistent session after this (0 = never)"),
@@ -169,6 +188,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "num_cpus": Field("num_cpus", 0, _int(0), "CPUs for a local Ray instance (0 = all)"),
         "object_store_memory": Field("object_store_memory_bytes", "256MiB", _size(78 << 20), "object store of a local Ray instance"),
     },
+    # HTTP on the controller's node: /metrics, /api/..., the / console (cluster.http)
+    "http": {
+        "host": Field("host", "127.0.0.1", _str(), "HTTP listener address (metrics, JSON API, console)"),
+        "port": Field("port", 8080, _int(0, 65535), "HTTP listener port (0 = no HTTP listener)"),
+    },
 }
 
 
@@ -203,6 +227,7 @@ class Config:
     gc: Section
     log: Section
     cluster: Section
+    http: Section
     users: dict[str, UserConfig] = field(default_factory=dict)
     acl: tuple[AclRule, ...] = ()
     source: str | None = None
@@ -312,7 +337,26 @@ def load_config(
     for section in (overrides or {}):
         if section not in SCHEMA:
             raise ConfigError(f"{section}: unknown section")
+    _check_listeners(sections["mqtt"])
     return Config(**sections, users=_parse_users(raw.get("users", {})), acl=_parse_acl(raw.get("acl", [])), source=source)
+
+
+def _check_listeners(m: Section) -> None:
+    """Cross-key checks of the TLS/WebSocket keys (the files themselves are read when a listener starts:
+    a config may be checked on a machine that does not hold the certificates)."""
+    if (m.tls_port or m.wss_port) and not (m.tls_cert and m.tls_key):
+        key = "tls_port" if m.tls_port else "wss_port"
+        raise ConfigError(f"mqtt.{key}: set, but mqtt.tls_cert and mqtt.tls_key are not")
+    if bool(m.tls_cert) != bool(m.tls_key):
+        raise ConfigError("mqtt.tls_key: set tls_cert and tls_key together" if m.tls_cert else
+                          "mqtt.tls_cert: set tls_cert and tls_key together")
+    if m.tls_client_auth != "none" and not m.tls_ca:
+        raise ConfigError(f"mqtt.tls_ca: required when mqtt.tls_client_auth is {m.tls_client_auth!r}")
+    ports = [(k, getattr(m, k)) for k in ("port", "tls_port", "ws_port", "wss_port") if getattr(m, k)]
+    for i, (k, v) in enumerate(ports):
+        for k2, v2 in ports[:i]:
+            if v == v2:
+                raise ConfigError(f"mqtt.{k}: {v} is also mqtt.{k2}")
 
 
 def _parse_users(raw: Any) -> dict[str, UserConfig]:
@@ -370,6 +414,22 @@ def _parse_acl(raw: Any) -> tuple[AclRule, ...]:
     return tuple(rules)
 
 
+def listener_settings(config: Config) -> Any:
+    """The node's optional TLS / WebSocket listeners (:class:`fanout.mqtt.tls.ListenerSettings`).
+
+    Raises:
+        ConfigError: inconsistent keys (files are checked when the listener is built).
+    """
+    from fanout.mqtt.tls import ListenerSettings, TLSSettings
+
+    m = config.mqtt
+    tls = None
+    if m.tls_cert and m.tls_key:
+        tls = TLSSettings(cert_file=m.tls_cert, key_file=m.tls_key, ca_file=m.tls_ca or None,
+                          client_auth=m.tls_client_auth)
+    return ListenerSettings(tls_port=m.tls_port, ws_port=m.ws_port, wss_port=m.wss_port, tls=tls)
+
+
 # MQTTSettings fields that do not come from the [mqtt] section of the same name
 _NOT_FROM_MQTT_SECTION = frozenset({"vehicle_client_id", "users", "acl"})
 
@@ -398,4 +458,5 @@ def config_fields_doc() -> list[tuple[str, str, Any, str]]:
     return [(s, k, f.default, f.doc) for s, keys in SCHEMA.items() for k, f in keys.items()]
 
 
-__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "mqtt_settings", "ROLES", "SCHEMA"]
+__all__ = ["Config", "ConfigError", "UserConfig", "AclRule", "load_config", "mqtt_settings", "listener_settings",
+           "ROLES", "SCHEMA"]

@@ -220,8 +220,12 @@ class BlobItem(NamedTuple):
         return (data_id, blob, ts_ms)
 
 
+CONFLICT_PREFIX = "conflict: "  # an ingest result (error string) for a request id re-used with another data id
+
+
 class IngestItem(NamedTuple):
-    """One trigger's part on a shard (``ingest``)."""
+    """One trigger's part on a shard (``ingest``); its result is ``{"vins": n}`` or an error string
+    (:data:`CONFLICT_PREFIX` + reason for a conflicting re-use of its request id)."""
 
     request_id: str
     data_id: str
@@ -281,5 +285,6 @@ __all__ = [
     "EV_CONNECT", "EV_DISCONNECT", "EV_SUBSCRIBED", "EV_HEARTBEAT", "EV_ACK", "EV_FAILED", "EV_SYNC",
     "ConnectEvent", "DisconnectEvent", "SubscribedEvent", "HeartbeatEvent", "AckEvent", "FailedEvent", "SyncEvent",
     "EVENT_RECORDS", "read_event", "Delivery", "Kick", "DeliverBatch", "DeliveryFailure", "BlobItem", "IngestItem",
+    "CONFLICT_PREFIX",
     "Forward", "WIRE_RECORDS", "VIN_SEPARATOR", "join_vins", "split_vins", "pack_batch", "unpack_batch",
 ]

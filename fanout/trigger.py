@@ -312,6 +312,16 @@ def validate_blob(payload: bytes, max_size_bytes: int) -> None:
         )
 
 
+def conflict_reason(request_id: str, data_id: str, vin: str, other_data_id: str) -> str:
+    """Why a trigger may not re-use ``request_id``: it already queued ``vin`` with another data id.
+
+    A request id may be re-used only to re-send the same trigger (then nothing is queued twice); with
+    another data id the trigger is rejected and nothing of it is written.
+    """
+    return (f"request_id {request_id!r} already queued data_id {other_data_id!r} for {vin!r}; a re-sent "
+            f"trigger must name the same data_id (this one names {data_id!r})")
+
+
 def errors_topic(client_id: str) -> str:
     """The topic an ingest error for ``client_id`` is published on."""
     return ERRORS_TOPIC_PREFIX + client_id

@@ -41,6 +41,7 @@ PUT_RETAINED = 11  # (op, topic, payload, qos, ts_ms)
 DELETE_RETAINED = 12  # (op, topic)
 PUT_METRIC = 13  # (op, name, value, ts_ms)
 REPOINT_IDS_IF = 14  # (op, vin, ts_ms, request_id, expected_data_id, new_data_id)
+DISCARD = 15  # (op, vin, ts_ms, request_id, discarded_ts_ms)
 
 OP_NAMES: dict[int, str] = {
     PUT_BLOB: "put_blob",
@@ -57,6 +58,7 @@ OP_NAMES: dict[int, str] = {
     DELETE_RETAINED: "delete_retained",
     PUT_METRIC: "put_metric",
     REPOINT_IDS_IF: "repoint_ids_if",
+    DISCARD: "discard",
 }
 
 # Rough stored bytes per op (key + value + node headers, pages ~2/3 full); used to grow the map
@@ -205,14 +207,24 @@ class WriteBatch:
         Raises:
             ValueError: a key that is not an ``ids`` key, or an invalid ``delivered_ts_ms``.
         """
-        keys.check_ts_ms(delivered_ts_ms, "delivered_ts_ms")
+        return self._finish_rows(ACK, row_keys, keys.check_ts_ms(delivered_ts_ms, "delivered_ts_ms"))
+
+    def discard_rows(self, row_keys: Iterable[bytes], discarded_ts_ms: int) -> WriteBatch:
+        """Rows dropped undelivered (their blob is gone): delete them from ``ids``; mark ``reqs`` discarded.
+
+        Raises:
+            ValueError: a key that is not an ``ids`` key, or an invalid ``discarded_ts_ms``.
+        """
+        return self._finish_rows(DISCARD, row_keys, keys.check_ts_ms(discarded_ts_ms, "discarded_ts_ms"))
+
+    def _finish_rows(self, opcode: int, row_keys: Iterable[bytes], ts_ms: int) -> WriteBatch:
         append = self.ops.append
         for key in row_keys:
             cut = key.find(0)
             if cut <= 0 or len(key) <= cut + 9:
                 raise ValueError(f"not an ids key: {key!r}")
-            append((ACK, key[:cut].decode("ascii"), int.from_bytes(key[cut + 1:cut + 9], "big"),
-                    key[cut + 9:].decode(), delivered_ts_ms))
+            append((opcode, key[:cut].decode("ascii"), int.from_bytes(key[cut + 1:cut + 9], "big"),
+                    key[cut + 9:].decode(), ts_ms))
         return self
 
     def delete_ids(self, vin: str, ts_ms: int, request_id: str) -> WriteBatch:

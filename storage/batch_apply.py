@@ -136,10 +136,20 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
 
 
 def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
-    _, vin, ts_ms, request_id, delivered_ts_ms = op
+    _finish_row(txn, dbs, op, counts, tables.STATUS_DELIVERED, "ack_deleted", "ack_missing")
+
+
+def _discard(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+    _finish_row(txn, dbs, op, counts, tables.STATUS_DISCARDED, "discard_deleted", "discard_missing")
+
+
+def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, status: str, deleted: str,
+                missing: str) -> None:
+    """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row."""
+    _, vin, ts_ms, request_id, done_ts_ms = op
     vb, rid = vin.encode(), request_id.encode()
     popped = txn.pop(vb + _SEP + _TS.pack(ts_ms) + rid, db=dbs.ids)
-    name = "ack_deleted" if popped is not None else "ack_missing"
+    name = deleted if popped is not None else missing
     counts[name] = counts.get(name, 0) + 1  # inline _inc: this runs once per delivery
     rkey = rid + _SEP + vb
     reqs = dbs.reqs
@@ -150,7 +160,7 @@ def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
         req_ts, data_id = ts_ms, tables.unpack(popped)
     else:
         return
-    txn.put(rkey, tables.pack([req_ts, data_id, tables.STATUS_DELIVERED, delivered_ts_ms]), db=reqs)
+    txn.put(rkey, tables.pack([req_ts, data_id, status, done_ts_ms]), db=reqs)
 
 
 def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
@@ -251,6 +261,7 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts], None]] = {
     B.DELETE_RETAINED: _delete_retained,
     B.PUT_METRIC: _put_metric,
     B.REPOINT_IDS_IF: _repoint_ids_if,
+    B.DISCARD: _discard,
 }
 
 

@@ -155,6 +155,24 @@ class ShardReader:
 
         return self._read(read)
 
+    def request_conflict(self, request_id: str, data_id: str, vins: list[str]) -> tuple[str, str] | None:
+        """The first of ``vins`` whose ``reqs`` row of ``request_id`` names another data id.
+
+        Returns:
+            ``(vin, other_data_id)``, or None when every existing row names ``data_id`` (or none exists).
+        """
+        prefix = keys.request_prefix(request_id)
+        rkeys = [prefix + vin.encode() for vin in vins]
+
+        def read(txn: lmdb.Transaction) -> tuple[str, str] | None:
+            for key, raw in txn.cursor(self._dbs.reqs).getmulti(rkeys):
+                other = tables.unpack(raw)[1]
+                if other != data_id:
+                    return key[len(prefix):].decode("ascii"), other
+            return None
+
+        return self._read(read)
+
     def get_retained_all(self) -> list[dict[str, Any]]:
         """Every retained message ``{topic, payload, qos, ts_ms}``."""
         return self._read(lambda txn: [tables.decode_retained(v) for _, v in txn.cursor(self._dbs.retained)])

@@ -11,7 +11,7 @@ is the column list an export (Parquet) uses.
 | data | data_id | blob bytes | data_id, blob |
 | meta | data_id | [ts_ms, size, sha1 hex] | data_id, ts_ms, size, sha1 |
 | ids | vin, ts_ms, request_id | data_id | vin, ts_ms, request_id, data_id |
-| reqs | request_id, vin | [ts_ms, data_id, status, delivered_ts_ms or nil] | request_id, vin, ts_ms, data_id, status, delivered_ts_ms |
+| reqs | request_id, vin | [ts_ms, data_id, status, delivered_ts_ms (or the discard time) or nil] | request_id, vin, ts_ms, data_id, status, delivered_ts_ms |
 | sys | name | any msgpack scalar | name, value |
 | retained | topic (or hash) | [topic, payload, qos, ts_ms] | topic, payload, qos, ts_ms |
 | metrics | name | [value, ts_ms] | name, value, ts_ms |
@@ -37,6 +37,7 @@ USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS)
 
 STATUS_PENDING = "pending"
 STATUS_DELIVERED = "delivered"
+STATUS_DISCARDED = "discarded"  # dropped undelivered: its blob was gone (garbage-collected) when it was due
 
 SYS_APPLIED_SEQ = b"applied_seq"
 SYS_EPOCH = b"epoch"

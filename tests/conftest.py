@@ -14,6 +14,9 @@ import pytest
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("FANOUT_LOG_JSON", "0")
+# `fanout up` subprocesses of tests get no HTTP listener unless a test asks for one: test sessions run side
+# by side on one machine and the default port 8080 can be taken only once.
+os.environ.setdefault("FANOUT_HTTP_PORT", "0")
 
 
 @pytest.fixture(scope="session")

@@ -97,10 +97,11 @@ class PeerBroker:
         start_timeout: seconds to wait for the broker to accept connections.
         stop_timeout: seconds to wait after SIGTERM before SIGKILL.
         fanout_config: the TOML of ``fanout broker`` (default :data:`FANOUT_BROKER_CONFIG`).
+        mosquitto_extra: lines appended to Mosquitto's config (e.g. a TLS listener).
     """
 
     def __init__(self, system: str, *, start_timeout: float = 30.0, stop_timeout: float = 10.0,
-                 fanout_config: str = FANOUT_BROKER_CONFIG) -> None:
+                 fanout_config: str = FANOUT_BROKER_CONFIG, mosquitto_extra: str = "") -> None:
         if system not in SYSTEMS:
             raise ValueError(f"unknown broker {system!r}, expected one of {SYSTEMS}")
         self.system = system
@@ -109,6 +110,7 @@ class PeerBroker:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.fanout_config = fanout_config
+        self.mosquitto_extra = mosquitto_extra
         self._child: Child | None = None
 
     @property
@@ -155,7 +157,7 @@ class PeerBroker:
                 raise BrokerStartError("mosquitto is not installed (make mosquitto)")
             self.port = free_port()
             conf = tmp / "mosquitto.conf"
-            conf.write_text(MOSQUITTO_CONFIG.format(port=self.port))
+            conf.write_text(MOSQUITTO_CONFIG.format(port=self.port) + self.mosquitto_extra)
             os.chmod(tmp, 0o755)  # Mosquitto drops root privileges before it reads its config
             os.chmod(conf, 0o644)
             child.spawn([binary, "-c", str(conf)], log_name="broker.log", env=env)

@@ -10,13 +10,15 @@ Strategy:
 - CPU and RSS come from ``/proc/<pid>`` of the process itself (no wrapper process, no sampling thread):
   ``stat`` (10 ms ticks, every thread that ever ran) or ``task/*/schedstat`` (nanoseconds, live threads).
 - :func:`processes_for`: how many processes hold N sockets under this machine's descriptor limit (the
-  fleet's rule with the server's margin), for listener and fleet process counts.
+  fleet's rule with the server's margin), for listener and fleet process counts; :func:`storm_size`: how
+  many one process holds.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -40,6 +42,18 @@ def processes_for(connections: int, at_least: int = 1) -> int:
     from scripts.fleet.options import processes_needed
 
     return processes_needed(connections, margin=FD_MARGIN, at_least=at_least)
+
+
+def storm_size(requested: int) -> tuple[int, str | None]:
+    """The largest connection storm a single-process server can hold here (its descriptor limit minus
+    :data:`FD_MARGIN`, at most ``requested``), and why it is smaller than requested (or None)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard - FD_MARGIN >= requested:
+        return requested, None
+    n = max(1, hard - FD_MARGIN)
+    return n, (f"RLIMIT_NOFILE hard limit is {hard} per process and cannot be raised here (no CAP_SYS_RESOURCE); "
+               f"a single-process server holds one descriptor per connection, so {n:,} = {hard:,} - {FD_MARGIN:,} "
+               f"spare is its largest storm; {requested:,} needs `ulimit -Hn {requested + FD_MARGIN}` or more")
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 REPO = Path(__file__).resolve().parents[2]
 # The code a benchmark exercises: what dirty_sources lists when it differs from the commit.
@@ -60,13 +60,18 @@ def dirty_sources() -> list[str]:
     return [line[3:] for line in out.splitlines() if line[3:]] if out else []
 
 
-def _mqtt_sources_digest() -> str:
-    """SHA-1 over ``fanout/mqtt/*.py`` as they are on disk (the broker may have uncommitted changes)."""
+def files_digest(paths: Iterable[Path]) -> str:
+    """SHA-1 (12 hex digits) over the names and contents of ``paths`` as they are on disk, in the order given."""
     h = hashlib.sha1()
-    for path in sorted((REPO / "fanout" / "mqtt").glob("*.py")):
+    for path in paths:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
+
+
+def _mqtt_sources_digest() -> str:
+    """:func:`files_digest` of ``fanout/mqtt/*.py`` (the broker may have uncommitted changes)."""
+    return files_digest(sorted((REPO / "fanout" / "mqtt").glob("*.py")))
 
 
 def versions() -> dict[str, Any]:

@@ -1,7 +1,11 @@
 """``fanout up``: start (or join) Ray, place the fanout actors, run until SIGINT/SIGTERM.
 
-Prints exactly one line on stdout, ``fanout ready mqtt://H:P`` (the first node's listener, the real port
-when ``--port 0``), once every node accepts connections; logs go to stderr. A signal drains the nodes,
+Prints one line on stdout, ``fanout ready mqtt://H:P`` (the first node's listener, the real port when
+``--port 0``), once every node accepts connections, then one more per extra listener of that node
+(``fanout ready mqtts://H:P``, ``fanout ready ws://H:P/mqtt``, ``fanout ready wss://H:P/mqtt``), then
+``fanout console http://H:P/`` when the HTTP listener is on (``[http] port``, 0 = off; ``https`` with the MQTT
+certificate); logs go to stderr. SIGHUP reloads the TLS certificate files on every connection node (a Ray call, ``reload_tls``:
+actors install no signal handlers); open connections stay. SIGINT/SIGTERM drains the nodes,
 closes the stores, kills the actors and shuts Ray down (exit 0). A port that cannot be bound, or no Ray
 node with the ``fanout_node`` resource, exits 1 with a message; a bad config exits 2 before Ray starts.
 
@@ -36,16 +40,23 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout.config import load_config, mqtt_settings
+    from fanout.config import listener_settings, load_config, mqtt_settings
     from fanout.mqtt.auth import AccessControl, is_loopback_host
+    from fanout.mqtt.tls import build_context
 
     cfg = load_config(args.config, overrides={
         "mqtt": {"host": args.host, "port": args.port},
         "storage": {"data_dir": args.data_dir},
         "cluster": {"address": args.address},
     })
+    from cluster.http.auth import check_http_config
+
     # Listener policy errors (e.g. non-loopback without users) are config errors: exit 2 before Ray starts.
     AccessControl(mqtt_settings(cfg), listener_is_loopback=is_loopback_host(cfg.mqtt.host))
+    listeners = listener_settings(cfg)
+    if listeners.tls is not None:
+        build_context(listeners.tls)  # a certificate file that does not load names its key here
+    check_http_config(cfg)
 
     from storage.data_dir_lock import DataDirBusy, DataDirLock
 
@@ -72,12 +83,13 @@ def _serve(cfg: Any) -> int:
         print(f"fanout: cannot start or join Ray at {address!r}: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     stop = threading.Event()
+    reload = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
+        (reload if signum == signal.SIGHUP else stop).set()
 
     # after ray.init, which installs its own SIGTERM handler in the driver
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         try:
             cluster = start_fanout(cfg, detached=address != "local")
@@ -87,8 +99,14 @@ def _serve(cfg: Any) -> int:
         try:
             if not stop.is_set():
                 print(f"fanout ready {cluster.url}", flush=True)
+                for url in cluster.nodes[0].get("urls", ()):
+                    print(f"fanout ready {url}", flush=True)
+                if cluster.info.get("http"):
+                    print(f"fanout console {cluster.info['http']}", flush=True)
             while not stop.wait(0.5):
-                pass
+                if reload.is_set():
+                    reload.clear()
+                    _reload_tls(cluster)
             log.info("fanout stopping", reason="signal")
         finally:
             cluster.stop(shutdown_ray=False)
@@ -98,3 +116,16 @@ def _serve(cfg: Any) -> int:
             signal.signal(sig, handler)
         ray.shutdown()
     return 0
+
+
+def _reload_tls(cluster: Any, timeout_s: float = 30.0) -> None:
+    """Forward SIGHUP: every connection node reloads its certificate files (results logged)."""
+    import ray
+
+    try:
+        nodes = ray.get(cluster.controller.handles.remote(), timeout=timeout_s)["nodes"]
+        results = ray.get([h.reload_tls.remote() for h in nodes.values()], timeout=timeout_s)
+    except Exception as exc:  # a reload must never stop the cluster
+        log.error("tls reload failed", error=str(exc)[:300])
+        return
+    log.info("tls reload", nodes=dict(zip(nodes, results)))

@@ -1,8 +1,9 @@
 """``fanout broker``: run one MQTT node standalone (no Ray), until SIGINT/SIGTERM.
 
-Prints exactly one line on stdout, ``fanout broker ready mqtt://H:P`` (the real port when ``--port 0``),
-once the listener accepts connections; everything else goes to the structlog stream on stderr. A signal
-stops the listener, closes every connection gracefully (wills are not published on a clean stop, see
+Prints one line on stdout, ``fanout broker ready mqtt://H:P`` (the real port when ``--port 0``), once the
+listener accepts connections, then one more per configured extra listener (``fanout broker ready
+mqtts://H:P``, ``... ws://H:P/mqtt``, ``... wss://H:P/mqtt``); everything else goes to the structlog stream
+on stderr. SIGHUP reloads the TLS certificate files (open connections stay). SIGINT/SIGTERM stops the listener, closes every connection gracefully (wills are not published on a clean stop, see
 :mod:`fanout.mqtt.broker`) and exits 0. A port that cannot be bound exits 1 with a message naming it.
 """
 from __future__ import annotations
@@ -28,11 +29,12 @@ def format_url(host: str, port: int) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout.config import load_config, mqtt_settings
+    from fanout.config import listener_settings, load_config, mqtt_settings
     from fanout.mqtt.aio import MQTTServer, run
 
     cfg = load_config(args.config, overrides={"mqtt": {"host": args.host, "port": args.port}})
-    server = MQTTServer(mqtt_settings(cfg))  # ConfigError (e.g. non-loopback without users) -> exit 2 in main
+    # ConfigError (e.g. non-loopback without users, a certificate file that does not load) -> exit 2 in main
+    server = MQTTServer(mqtt_settings(cfg), listeners=listener_settings(cfg))
     return run(lambda: _serve(server))
 
 
@@ -46,7 +48,10 @@ async def _serve(server: Any) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     print(f"fanout broker ready {format_url(server.host, server.port)}", flush=True)
+    for url in server.extra_urls:
+        print(f"fanout broker ready {url}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -1,4 +1,4 @@
 """The Ray-free core of a Dispatcher (one store shard): :class:`fanout.dispatcher.core.DispatcherCore`
-composes the per-VIN state machine (``machine``), the tick's row reads (``rows``), the takeover registry
+composes the per-VIN state machine (``machine``, its records in ``state``), the tick's row reads (``rows``), the takeover registry
 (``takeover``), the blob cache (``blobs``), the ingest write batches (``ingest_batch``), the per-node tick
 output (``output``) and what status/inspect read (``introspection``). ``actors.dispatcher`` wraps it."""

@@ -3,13 +3,15 @@
 Strategy: every delivery batch carries each blob it needs once; the same few blobs serve thousands of
 rows (one per request), so they are read from the local store once and kept, up to
 :data:`BLOB_CACHE_BYTES` (cleared when full: the working set is a handful of recent requests). Which data
-ids exist is asked by every ingest round (``has_data``) and remembered once seen.
+ids exist is asked by every ingest round (``has_data``) and remembered once seen, the
+:data:`KNOWN_DATA_IDS` most recent (a forgotten one costs one ``meta`` read when asked again).
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
 BLOB_CACHE_BYTES = 64 << 20
+KNOWN_DATA_IDS = 4096
 
 
 class BlobCache:
@@ -26,7 +28,7 @@ class BlobCache:
         self._store = store
         self._blobs: dict[str, bytes] = {}
         self._bytes = 0
-        self._known: set[str] = set()
+        self._known: dict[str, None] = {}  # insertion-ordered: the oldest is evicted first
         self._max_bytes = max_bytes
 
     def get(self, data_id: str) -> bytes | None:
@@ -46,7 +48,7 @@ class BlobCache:
     def stored(self, data_ids: Iterable[str]) -> None:
         """These blobs were (re)written: they exist, cached contents may be stale."""
         for data_id in data_ids:
-            self._known.add(data_id)
+            self._know(data_id)
             old = self._blobs.pop(data_id, None)
             if old is not None:
                 self._bytes -= len(old)
@@ -56,11 +58,24 @@ class BlobCache:
         known = self._known
         out = []
         for d in data_ids:
-            ok = d in known or self._store.get_meta(d) is not None
-            if ok:
-                known.add(d)
+            ok = d in known
+            if not ok and self._store.get_meta(d) is not None:
+                ok = True
+                self._know(d)
             out.append(ok)
         return out
+
+    def _know(self, data_id: str) -> None:
+        known = self._known
+        known.pop(data_id, None)
+        known[data_id] = None
+        if len(known) > KNOWN_DATA_IDS:
+            del known[next(iter(known))]
+
+    @property
+    def known_data_ids(self) -> int:
+        """How many data ids are remembered as present."""
+        return len(self._known)
 
     def forget(self) -> None:
         """Blobs may have been deleted (a GC batch was applied): drop everything."""
@@ -69,4 +84,4 @@ class BlobCache:
         self._bytes = 0
 
 
-__all__ = ["BlobCache", "BLOB_CACHE_BYTES"]
+__all__ = ["BlobCache", "BLOB_CACHE_BYTES", "KNOWN_DATA_IDS"]

@@ -29,14 +29,17 @@ import structlog
 from fanout.dispatcher import introspection
 from fanout.dispatcher.blobs import BlobCache
 from fanout.dispatcher.ingest_batch import HEAD_WRITE_VINS, IngestJob, blob_batch, ingest_batch
-from fanout.dispatcher.machine import Delete, VinDispatcher
+from fanout.dispatcher.machine import VinDispatcher
 from fanout.dispatcher.output import TickOutput
 from fanout.dispatcher.rows import TickRows
+from fanout.dispatcher.state import Delete
 from fanout.dispatcher.takeover import TakeoverRegistry
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (
-    EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
+    CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
+    split_vins,
 )
+from fanout.trigger import conflict_reason
 from storage import WriteBatch
 from storage.keys import VIN_RE
 
@@ -88,7 +91,7 @@ class DispatcherCore:
                     vd.on_heartbeat(cid, gen)
                 elif kind == EV_CONNECT:
                     _, cid, gen, present, subscribed, key = e
-                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                    if self._connect(node, cid, gen):
                         vd.on_connect(cid, node, gen, present, key, subscribed=subscribed)
                 elif kind == EV_DISCONNECT:
                     _, cid, gen = e
@@ -103,17 +106,33 @@ class DispatcherCore:
                     vd.on_send_failed(cid, gen, key)
                 elif kind == EV_SYNC:
                     _, cid, gen, subscribed, key = e
-                    if self._register(node, cid, gen) and VIN_RE.fullmatch(cid):
+                    if self._connect(node, cid, gen):
                         vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
                         synced.append(cid)
         if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
             self.dispatch_new(synced)
 
-    def _register(self, node: str, cid: str, gen: int) -> bool:
+    def _connect(self, node: str, cid: str, gen: int) -> bool:
+        """Register a connect (or resync) of ``cid`` on ``node`` and queue the kicks it causes.
+
+        The live connection of ``cid`` on another node is kicked (takeover). So is, for a vehicle, the
+        connection its last unacknowledged row was handed to, if on another node: that session is left
+        behind and would resend the row should the vehicle come back there, even after the row was
+        acknowledged here (a kick also drops the fanout messages of the session left behind, live or
+        not; see :meth:`fanout.node.core.NodeCore.kick`).
+
+        Returns:
+            Whether the dispatch machine takes the connect: a vehicle, and not superseded.
+        """
         accepted, kick = self.registry.register(node, cid, gen)
         if kick is not None:
             self.output.kick(kick[0], cid, kick[1])
-        return accepted
+        if not accepted or not VIN_RE.fullmatch(cid):
+            return False
+        holder = self.vd.session_holder(cid)
+        if holder is not None and holder[0] != node and holder != kick:
+            self.output.kick(holder[0], cid, holder[1])
+        return True
 
     def node_down(self, node: str) -> None:
         """A connection node died or restarted: everything connected there is gone."""
@@ -141,8 +160,41 @@ class DispatcherCore:
         return ingest_batch(items, self.blobs.has_data, self.shard)
 
     def ingest_job(self, items: list[tuple], head_vins: int = HEAD_WRITE_VINS) -> IngestJob:
-        """The writes of one ``ingest`` call, head first for a big trigger (:class:`IngestJob`)."""
-        return IngestJob(items, self.ingest_batch, head_vins)
+        """The writes of one ``ingest`` call, head first for a big trigger (:class:`IngestJob`); an item
+        that conflicts with what the shard holds is refused whole (:data:`fanout.records.CONFLICT_PREFIX`)."""
+        refused = {i: CONFLICT_PREFIX + c for i, c in enumerate(self.trigger_conflicts(items)) if c is not None}
+        return IngestJob(items, self.ingest_batch, head_vins, refused)
+
+    def requests_in_use(self, request_ids: list[str]) -> list[bool]:
+        """Whether this shard holds ``reqs`` rows of each request id (one cursor seek each)."""
+        return [bool(self.store.request_rows(rid, limit=1)) for rid in request_ids]
+
+    def trigger_conflicts(self, items: list[tuple]) -> list[str | None]:
+        """Per :class:`fanout.records.IngestItem`: None, or why its request id may not queue its VINs.
+
+        A conflict is a VIN that the same request id already queued with another data id, on this shard
+        or in an earlier item of ``items``. A request id this shard has never seen costs one seek.
+        """
+        out: list[str | None] = []
+        earlier: dict[str, list[tuple[str, str]]] = {}  # request id -> (data id, joined VINs) accepted before
+        for request_id, data_id, joined, _ts in items:
+            reason = None
+            before = earlier.get(request_id)
+            if before is not None or self.store.request_rows(request_id, limit=1):
+                vins = split_vins(joined)
+                hit = self.store.request_conflict(request_id, data_id, vins)
+                for other, other_joined in before or ():
+                    if hit is not None:
+                        break
+                    common = set(vins).intersection(split_vins(other_joined)) if other != data_id else ()
+                    if common:
+                        hit = (min(common), other)
+                if hit is not None:
+                    reason = conflict_reason(request_id, data_id, *hit)
+            out.append(reason)
+            if reason is None:
+                earlier.setdefault(request_id, []).append((data_id, joined))
+        return out
 
     def applied(self, counts: dict[str, int]) -> None:
         """Counters of one commit (``ShardStore.apply`` result), for stats."""
@@ -228,11 +280,15 @@ class DispatcherCore:
         return sends, payloads, kicks
 
     def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
-        """One write batch acknowledging every acked row queued so far (``ids`` deleted, ``reqs`` delivered)."""
+        """One write batch finishing every row queued so far: ``ids`` deleted, ``reqs`` marked delivered
+        (acknowledged) or discarded (dropped undelivered, its blob gone)."""
         if not self.output.deletes:
             return None
         deletes = self.output.take_deletes()
-        return WriteBatch().ack_rows([d.key for d in deletes], now_ms), deletes
+        batch = WriteBatch().ack_rows([d.key for d in deletes if not d.discarded], now_ms)
+        if self.discarded:
+            batch.discard_rows([d.key for d in deletes if d.discarded], now_ms)
+        return batch, deletes
 
     def requeue_deletes(self, deletes: list[Delete]) -> None:
         """A delete batch failed to apply: put its deletes back in front (retried with the next batch)."""

@@ -8,6 +8,10 @@ Head first: a shard's part of a trigger bigger than 2 x :data:`HEAD_WRITE_VINS` 
 (:class:`IngestJob`): its first :data:`HEAD_WRITE_VINS` VINs alone, which the dispatcher dispatches and
 ships at once, then the rest. The first deliveries of a big batch then wait for the commit of 256 rows,
 not of a million; the caller (the platform's PUBACK) is answered only after both commits.
+
+Conflicts: a trigger whose request id already queued one of its VINs with another data id is refused
+whole, before any part of it is written (:func:`fanout.trigger.conflict_reason`); re-sending the same
+trigger is what a request id may be re-used for.
 """
 from __future__ import annotations
 
@@ -103,15 +107,23 @@ class IngestJob:
 
     Iterate :meth:`parts` (each part is built only when asked, so the head ships before the rest's batch
     is built), apply each part's batch and dispatch its VINs, then answer with :meth:`results`.
+
+    Attributes:
+        items: the call's :class:`fanout.records.IngestItem` tuples.
+        build: builds the write batch of some items (:func:`ingest_batch`).
+        head_vins: VINs of a big trigger written first.
+        refused: item index -> error, for items that are not written at all (conflicts).
     """
 
     items: list[tuple]
     build: Callable[[list[tuple]], tuple[WriteBatch, list[Any], list[list[str]]]]
     head_vins: int = HEAD_WRITE_VINS
+    refused: dict[int, str] = field(default_factory=dict)
     _results: list[Any] = field(default_factory=list)
 
     def parts(self) -> Iterator[IngestPart]:
-        items = self.items
+        refused = self.refused
+        items = [item for i, item in enumerate(self.items) if i not in refused]
         head_result = None
         split = split_head(items, self.head_vins)
         if split is not None:
@@ -122,7 +134,8 @@ class IngestJob:
         batch, results, vin_lists = self.build(items)
         if head_result is not None:
             results[0] = merge_head_result(head_result, results[0])
-        self._results = results
+        written = iter(results)
+        self._results = [refused[i] if i in refused else next(written) for i in range(len(self.items))]
         yield IngestPart(batch, vin_lists, head=False)
 
     def results(self) -> list[Any]:

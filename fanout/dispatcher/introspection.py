@@ -1,18 +1,28 @@
 """What ``fanout status``, ``fanout inspect`` and ``$SYS/fanout/...`` read from one dispatcher core."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from fanout.dispatcher.blobs import BlobCache
+from fanout.dispatcher.machine import VinDispatcher
+from fanout.dispatcher.state import InFlight
+from fanout.dispatcher.takeover import TakeoverRegistry
 from storage.keys import decode_ids_key
 
-if TYPE_CHECKING:
-    from fanout.dispatcher.machine import InFlight
-
-# ``core`` below is a ``fanout.dispatcher.core.DispatcherCore``; it is not imported, even for typing, because
-# that module imports this one (tests/unit/test_import_layers.py counts TYPE_CHECKING imports as arrows).
-DispatcherCore = Any
-
 INSPECT_ROWS = 20
+
+
+class DispatcherCore(Protocol):
+    """What is read here of :class:`fanout.dispatcher.core.DispatcherCore` (which imports this module)."""
+
+    store: Any
+    shard: int
+    vd: VinDispatcher
+    registry: TakeoverRegistry
+    blobs: BlobCache
+    events_in: int
+    rows_enqueued: int
+    commits: int
 
 
 def _inflight_json(inflight: InFlight | None) -> dict[str, Any] | None:
@@ -35,6 +45,8 @@ def shard_stats(core: DispatcherCore) -> dict[str, Any]:
         "in_flight": st.inflight,
         "connected": st.connected,
         "vehicles": st.vehicles,
+        "fenced": st.fenced,
+        "known_data_ids": core.blobs.known_data_ids,
         "sent": st.sent,
         "delivered": st.delivered,
         "stale_events": st.stale_events,

@@ -11,9 +11,10 @@ Strategy (after emqx-plugin-sdv's dispatcher):
            and a PUBACK of the current connection. Each calls ``maybe_send``, which is idempotent: a no-op
            while a row is in flight or the vehicle is not connected and subscribed. Connect and subscribe
            never send: "a reconnect with a persistent session gets nothing until a heartbeat".
-  Rule 2 - every connection has a generation, increasing on every connect of the VIN (on any node). An
-           event of an older generation is stale and ignored, except that a stale PUBACK still deletes its
-           row (the vehicle did receive it). A disconnect clears presence and in-flight state.
+  Rule 2 - every connection has a generation (:mod:`fanout.generations`): the newest connection of a VIN
+           is the last one that connected (by counter on one node, by arrival across nodes). An event of
+           any other generation is stale and ignored, except that a stale PUBACK still deletes its row (the
+           vehicle did receive it). A disconnect clears presence and in-flight state.
   Rule 3 - a session resumed with the unacked fanout message still in it (``on_connect`` with
            ``inflight_row_key``) is in flight: the node redelivers it with DUP=1 itself, so heartbeats do
            not send it again.
@@ -23,110 +24,25 @@ Strategy (after emqx-plugin-sdv's dispatcher):
            not landed yet would be sent a second time.
   Rule 5 - a queued ``Send`` whose VIN has moved on (disconnected, reconnected, other row) before the
            drain is dropped at drain time; the row stays in the store and is sent again later.
+  Rule 6 - the state of a VIN lives while it is connected or something is pending for it: a row in
+           flight, a delete not confirmed yet, or a row handed to a node and not acknowledged (its resend
+           carries DUP=1). Then it is dropped, so client ids that come and go cost nothing for good. What
+           must outlive it is the generation of its last connection (a late connect of a connection
+           already closed is stale): kept in a bounded first-in-first-out map of :data:`FENCE_SIZE`
+           entries; an entry evicted only loses the fence against events older than the last
+           :data:`FENCE_SIZE` closed connections of the shard.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
 
-NodeId = str
+from fanout.dispatcher.state import (
+    Action, Delete, DeliveryPlan, DispatchStats, InFlight, NodeId, PendingRows, Row, Send, VehicleState,
+)
+from fanout.generations import incarnation_of, newer
 
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One pending fanout row of the ``ids`` table; a VIN's rows go oldest first by (ts_ms, request_id)."""
-
-    key: bytes  # store key: order-preserving encoding of (vin, ts_ms, request_id)
-    vin: str
-    ts_ms: int  # ingest time
-    request_id: str  # last level of the delivery topic
-    data_id: str  # the blob to deliver
-
-
-class PendingRows(Protocol):
-    """Read access to the pending rows of the dispatcher's shard.
-
-    A source may also offer ``next_row_skipping(vin, skip) -> Row | None`` (the oldest row whose key is
-    not in ``skip``); the machine then asks once per send instead of once per skipped key (Rule 4).
-    """
-
-    def next_row(self, vin: str, after: bytes | None = None) -> Row | None:
-        """The oldest pending row of ``vin`` whose key is greater than ``after`` (all rows if None)."""
-        ...
-
-
-# Send and Delete are made once per delivery: plain slotted dataclasses (hashable, treated as immutable)
-# build ~4x faster than frozen ones, whose __init__ goes through object.__setattr__ per field.
-@dataclass(slots=True, unsafe_hash=True)
-class Send:
-    """Deliver ``row`` to ``vin`` on connection ``(node, generation)`` as QoS 1. The node drops it if that
-    connection is gone (the dispatcher learns of it from the node's own disconnect/connect events)."""
-
-    vin: str
-    node: NodeId
-    generation: int
-    row: Row
-    dup: bool = False  # DUP=1: this row may have reached the vehicle before (see VinDispatcher.maybe_send)
-
-
-@dataclass(slots=True, unsafe_hash=True)
-class Delete:
-    """Delete row ``key`` of ``vin`` (``storage.keys.decode_ids_key`` gives vin, ts_ms, request_id)."""
-
-    vin: str
-    key: bytes
-
-
-Action = Send | Delete
-
-
-@dataclass(slots=True)
-class DeliveryPlan:
-    """The actions of one tick: one ``deliver`` call per node, one write batch of deletes."""
-
-    sends: dict[NodeId, list[Send]] = field(default_factory=dict)
-    deletes: list[Delete] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.sends or self.deletes)
-
-
-@dataclass(slots=True)
-class InFlight:
-    """The row sent to a vehicle and not acknowledged yet."""
-
-    key: bytes  # store key of the row
-    row: Row | None = None  # None when only the key is known (resumed session)
-    sent_ms: int | None = None  # time of the drain that handed it to the node; None before, or resumed
-
-
-@dataclass(slots=True)
-class VehicleState:
-    """What the dispatcher knows of one VIN."""
-
-    node: NodeId | None = None  # node of the live connection; None when disconnected
-    generation: int = -1  # newest connection seen, live or closed (-1: none); fences stale events
-    subscribed: bool = False  # a filter matching the delivery topic (the node checks the filter)
-    inflight: InFlight | None = None  # the unacked row, if any
-    resumed_inflight: bool = False  # inflight came from a resumed session; the node redelivers it
-    deleting: set[bytes] | None = None  # acked keys whose Delete is not confirmed yet (Rule 4)
-    attempted: bytes | None = None  # key of the last row sent to this VIN by this dispatcher
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchStats:
-    """Counters for ``$SYS/fanout/...`` and ``fanout status``."""
-
-    vehicles: int  # VINs with state: every VIN seen, kept to fence stale generations
-    connected: int  # VINs with a live connection
-    inflight: int  # VINs with an unacked row (sent or resumed)
-    pending_sends: int  # sends queued, not drained yet
-    pending_deletes: int  # deletes not confirmed by ``on_deleted`` yet
-    sent: int  # sends emitted since start
-    delivered: int  # PUBACKs that deleted a row not already being deleted
-    stale_events: int  # events ignored: older generation, or a connection not seen
-    oldest_inflight_age_ms: int | None  # oldest drained in-flight row (``stats(now_ms)`` only)
+FENCE_SIZE = 16_384  # generations of recently closed connections kept after their VIN's state is dropped
+SENT_NOTHING_PENDING = b""  # ``attempted`` once its row is acknowledged: sent since the start, none out
 
 
 class VinDispatcher:
@@ -144,6 +60,7 @@ class VinDispatcher:
         self._rows = rows
         self._skipping = getattr(rows, "next_row_skipping", None)
         self._vins: dict[str, VehicleState] = {}
+        self._fence: dict[str, int] = {}  # VIN -> generation of its last connection, once its state is dropped
         self._sends: list[Send] = []
         self._deletes: list[Delete] = []
         self._connected = 0
@@ -182,7 +99,7 @@ class VinDispatcher:
         Args:
             vin: the client id.
             node: the connection node.
-            generation: the connection's generation (greater than any earlier one of the VIN).
+            generation: the connection's generation (:mod:`fanout.generations`).
             session_present: a persistent session was resumed.
             inflight_row_key: key of the unacked fanout message in the resumed session, which the node
                 redelivers with DUP=1 (ignored unless ``session_present``).
@@ -192,10 +109,11 @@ class VinDispatcher:
             Always empty.
         """
         vs = self._state(vin)
-        if generation <= vs.generation:
-            # Stale: a newer connection (or the disconnect of this one) was already seen, e.g. node A
-            # reports a connect that a takeover on node B has superseded. Equal is a retried duplicate.
+        if vs.generation >= 0 and not newer(generation, vs.generation):
+            # Stale: a newer connection of the same node (or the disconnect of this one) was already seen.
+            # Equal is a retried duplicate. A connect from another node process always takes over.
             self._stale += 1
+            self._forget_if_idle(vin, vs)
             return []
         if vs.node is None:
             self._connected += 1
@@ -245,8 +163,10 @@ class VinDispatcher:
         or after a disconnect of the same generation was processed first): the vehicle has it.
         """
         actions: list[Action] = [self._delete(vin, row_key)]
-        vs = self._vins.get(vin)
-        if vs is None or vs.node is None or generation != vs.generation:
+        vs = self._vins[vin]  # _delete made sure it exists
+        if vs.attempted == row_key:
+            vs.attempted, vs.attempted_on = SENT_NOTHING_PENDING, None  # acknowledged: nothing of it is pending
+        if vs.node is None or generation != vs.generation:
             # Stale ack: e.g. the vehicle acked just before its connection dropped and the disconnect was
             # processed first. Only the delete counts; a newer connection's in-flight copy of the same row
             # will be acked on its own, and it is no trigger for a newer connection.
@@ -261,16 +181,23 @@ class VinDispatcher:
     def on_disconnect(self, vin: str, generation: int) -> list[Action]:
         """The connection ``generation`` of ``vin`` closed: clear presence and in-flight state.
 
-        A disconnect of an older generation is ignored (the vehicle already reconnected, possibly on
-        another node). A disconnect of a newer generation than known (its connect not seen yet) records
-        that generation so that the late connect is ignored as well.
+        A disconnect of another connection is ignored (the vehicle already reconnected, possibly on
+        another node), except a newer one of the same node process whose connect was not seen yet: that
+        generation is recorded so that the late connect is ignored as well.
         """
-        vs = self._state(vin)
-        if generation < vs.generation or (generation == vs.generation and vs.node is None):
+        vs = self._vins.get(vin)
+        known = vs.generation if vs is not None else self._fence.get(vin, -1)
+        live = vs is not None and generation == known and vs.node is not None
+        unseen = (known < 0 or incarnation_of(generation) == incarnation_of(known)) and generation > known
+        if not (live or unseen):
             self._stale += 1
+            return []
+        if vs is None:
+            self._remember(vin, generation)
             return []
         self._go_offline(vs)
         vs.generation = generation
+        self._forget_if_idle(vin, vs)
         return []
 
     def on_node_down(self, node: NodeId) -> list[Action]:
@@ -278,10 +205,11 @@ class VinDispatcher:
         disconnected. O(vehicles). The generations are forgotten too, so that if the node comes back
         and resends its live connections (``EV_SYNC``, same generations) they are taken, not fenced
         as duplicates; its late events for those generations count as stale until then."""
-        for vs in self._vins.values():
+        for vin, vs in list(self._vins.items()):
             if vs.node == node:
                 self._go_offline(vs)
                 vs.generation = -1
+                self._forget_if_idle(vin, vs)
         return []
 
     def on_deleted(self, deletes: Iterable[Delete]) -> None:
@@ -293,6 +221,7 @@ class VinDispatcher:
                 self._pending_deletes -= 1
                 if not vs.deleting:
                     vs.deleting = None
+                    self._forget_if_idle(delete.vin, vs)
 
     def on_send_failed(self, vin: str, generation: int, row_key: bytes, *, unsubscribed: bool = False) -> list[Action]:
         """The node did not hand the in-flight row to the connection (not subscribed, queue full, call failed).
@@ -313,8 +242,10 @@ class VinDispatcher:
     def discard_row(self, vin: str, row_key: bytes) -> list[Action]:
         """Drop a row that cannot be delivered (e.g. its blob was garbage-collected), then send the next."""
         actions: list[Action] = [self._delete(vin, row_key, delivered=False)]
-        vs = self._vins.get(vin)
-        if vs is not None and vs.inflight is not None and vs.inflight.key == row_key:
+        vs = self._vins[vin]  # _delete made sure it exists
+        if vs.attempted == row_key:
+            vs.attempted, vs.attempted_on = SENT_NOTHING_PENDING, None
+        if vs.inflight is not None and vs.inflight.key == row_key:
             self._clear_inflight(vs)
             actions.extend(self.maybe_send(vin))
         return actions
@@ -338,7 +269,9 @@ class VinDispatcher:
         # to a node last (the vehicle dropped before its PUBACK), or, for the first send to a VIN since
         # this dispatcher started (a restart, or a promoted replica after failover), a row older than
         # the start: one in flight per VIN means only the oldest row can have been out under the
-        # predecessor. (``attempted`` is set when a send leaves, in ``drain_actions``.)
+        # predecessor. (``attempted`` is set when a send leaves, in ``drain_actions``; a state dropped by
+        # Rule 6 forgets that it sent, so a row older than the start may get DUP=1 once more after a
+        # reconnect: a spurious DUP=1 is allowed, a missing one is not.)
         dup = row.key == vs.attempted or (vs.attempted is None and row.ts_ms < self._started_ms)
         send = Send(vin=vin, node=vs.node, generation=vs.generation, row=row, dup=dup)
         self._sends.append(send)
@@ -372,17 +305,28 @@ class VinDispatcher:
         """
         plan = DeliveryPlan(deletes=self._deletes)
         for send in self._sends:
-            vs = self._vins[send.vin]
+            vs = self._vins.get(send.vin)
+            if vs is None:
+                continue  # Rule 5 (and Rule 6: it went offline with nothing pending, its state is gone)
             inflight = vs.inflight
             if inflight is None or inflight.key != send.row.key or vs.generation != send.generation:
                 # Rule 5: disconnected, reconnected or acked-elsewhere in the same tick; row still pending.
                 continue
             inflight.sent_ms = now_ms
             vs.attempted = send.row.key
+            vs.attempted_on = send
             plan.sends.setdefault(send.node, []).append(send)
         self._sends = []
         self._deletes = []
         return plan
+
+    def session_holder(self, vin: str) -> tuple[NodeId, int] | None:
+        """The connection ``(node, generation)`` whose session may still hold the row last handed out for
+        ``vin`` (not acknowledged yet), or None. When the VIN connects on another node, that session's copy
+        is stale: its row is dispatched to the new connection (sent again with DUP=1)."""
+        vs = self._vins.get(vin)
+        send = None if vs is None else vs.attempted_on
+        return None if send is None else (send.node, send.generation)
 
     def vehicle(self, vin: str) -> VehicleState | None:
         """The state of ``vin`` (for ``fanout inspect vin`` and tests); do not mutate."""
@@ -396,6 +340,7 @@ class VinDispatcher:
             oldest = now_ms - min(times) if times else None
         return DispatchStats(
             vehicles=len(self._vins),
+            fenced=len(self._fence),
             connected=self._connected,
             inflight=self._inflight,
             pending_sends=len(self._sends),
@@ -410,8 +355,22 @@ class VinDispatcher:
     def _state(self, vin: str) -> VehicleState:
         vs = self._vins.get(vin)
         if vs is None:
-            vs = self._vins[vin] = VehicleState()
+            vs = self._vins[vin] = VehicleState(generation=self._fence.pop(vin, -1))
         return vs
+
+    def _forget_if_idle(self, vin: str, vs: VehicleState) -> None:
+        """Rule 6: drop the state of a VIN that is offline with nothing pending; remember its generation."""
+        if vs.node is None and vs.inflight is None and vs.deleting is None and not vs.attempted:
+            del self._vins[vin]
+            if vs.generation >= 0:
+                self._remember(vin, vs.generation)
+
+    def _remember(self, vin: str, generation: int) -> None:
+        fence = self._fence
+        fence.pop(vin, None)  # re-inserted last: eviction goes oldest first
+        fence[vin] = generation
+        if len(fence) > FENCE_SIZE:
+            del fence[next(iter(fence))]
 
     def _live(self, vin: str, generation: int) -> VehicleState | None:
         """The state if ``generation`` is the live connection; otherwise count a stale event."""
@@ -439,7 +398,7 @@ class VinDispatcher:
             vs.deleting.add(key)
             self._pending_deletes += 1
             self._delivered += delivered
-        delete = Delete(vin=vin, key=key)
+        delete = Delete(vin, key, not delivered)
         self._deletes.append(delete)
         return delete
 
@@ -461,3 +420,7 @@ class VinDispatcher:
         vs.node = None
         vs.subscribed = False
         self._clear_inflight(vs)
+
+
+__all__ = ["VinDispatcher", "FENCE_SIZE", "Row", "PendingRows", "Send", "Delete", "Action", "DeliveryPlan",
+           "InFlight", "VehicleState", "DispatchStats"]

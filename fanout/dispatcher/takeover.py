@@ -2,11 +2,14 @@
 
 Strategy: the shard of ``crc32(client_id)`` sees every connect of that client id, on any node, so it is
 the one place that can tell two live connections of one client id apart. When two nodes report a live
-connection, the older generation is kicked (MQTT: a second CONNECT with the same client id closes the
-first, on any node); the caller queues the kick for the next ``deliver`` call to that connection's node.
-Every client id is registered, vehicle or not; an entry lives as long as its connection.
+connection, the one reported last wins and the other is kicked (MQTT: a second CONNECT with the same
+client id closes the first, on any node; :mod:`fanout.generations` explains why arrival is the order);
+the caller queues the kick for the next ``deliver`` call to that connection's node. Every client id is
+registered, vehicle or not; an entry lives as long as its connection.
 """
 from __future__ import annotations
+
+from fanout.generations import newer
 
 NodeId = str
 
@@ -24,19 +27,20 @@ class TakeoverRegistry:
         """Record a connect.
 
         Returns:
-            ``(accepted, kick)``: ``accepted`` is False when this connect is already superseded (it is the
-            one to kick); ``kick`` is ``(node, generation)`` of the connection to close, or None.
+            ``(accepted, kick)``: ``accepted`` is False when this connect is already superseded;
+            ``kick`` is ``(node, generation)`` of the connection to close, or None.
         """
         prev = self._clients.get(client_id)
-        kick: tuple[NodeId, int] | None = None
-        if prev is not None and prev[0] != node:
-            self.takeovers += 1
-            if generation < prev[1]:
-                return False, (node, generation)
-            kick = prev
-        if prev is None or generation > prev[1] or prev[0] != node:
+        if prev is None:
             self._clients[client_id] = (node, generation)
-        return True, kick
+            return True, None
+        if prev[0] != node:  # a takeover from another node: the later report wins
+            self.takeovers += 1
+            self._clients[client_id] = (node, generation)
+            return True, prev
+        if newer(generation, prev[1]):
+            self._clients[client_id] = (node, generation)
+        return True, None
 
     def unregister(self, node: NodeId, client_id: str, generation: int) -> None:
         """A disconnect: forget the connection if it is the registered one."""

@@ -13,10 +13,24 @@ Strategy:
   handles connect timeouts, keepalive (through a timing wheel, no per-connection timers), ``$SYS`` and
   session expiry.
 - Authentication that may run PBKDF2 (a CONNECT with a user name when users are configured) runs in the
-  default executor so a slow hash never stalls the loop; the broker holds that client's packets.
+  default executor so a slow hash never stalls the loop; the socket is not read meanwhile
+  (``pause_reading``), so a client cannot make the broker buffer what it sends before its CONNACK.
 - Back-pressure: ``pause_writing`` marks the connection; the broker then drops QoS 0 messages for it
-  (counted) while QoS 1/2 stay bounded by the inflight window and the session queue.
+  (counted) while QoS 1/2 stay bounded by the inflight window and the session queue. A client that does
+  not read is disconnected and its transport aborted, which frees the buffer at once
+  (:meth:`Broker.write_buffer_full`). "Does not read" is a write buffer over ``max_write_buffer_bytes``
+  from which nothing drained for ``WRITE_STALL_MS``; or a write to a transport that was already over its
+  high-water mark taking the buffer over ``max_write_buffer_bytes`` + what the session holds (a client
+  behind that keeps being given more: acknowledgements of a publish flood, retained replays of repeated
+  subscribes). One burst into a transport that kept up is accepted whatever its size (the resend of a
+  resumed session, the retained messages of a new subscription): a client that reads is never cut off
+  for taking it at its own pace, and what it holds is bounded by the session and the retained store.
 - uvloop: :func:`run` uses it when installed. Binding failure raises ``RuntimeError`` naming host:port.
+- Extra listeners (:class:`fanout.mqtt.tls.ListenerSettings`), all feeding the same broker: MQTT over TLS
+  (asyncio's SSL transport; the protocol sees the connection once the handshake has verified the client
+  certificate, whose CN it passes on as ``Peer.cert_cn``), WebSocket and WebSocket over TLS (the same
+  protocol with a :class:`fanout.mqtt.websocket.WebSocketStream` in front: upgrade and framing stay
+  sans-I/O). :meth:`MQTTServer.reload_tls` loads the certificate files again without dropping anyone.
 """
 from __future__ import annotations
 
@@ -31,11 +45,15 @@ from .auth import AccessControl, is_loopback_host
 from .broker import Broker
 from .connection import CLOSED, Connection
 from .hooks import BrokerHooks
+from .peer import Peer
 from .settings import MQTTSettings
+from .tls import ListenerSettings, ServerTLS, verified_cn
+from .websocket import MQTT_PATH, WebSocketStream
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 _monotonic = time.monotonic
+WRITE_STALL_MS = 2000  # a write buffer over the bound that drains nothing for this long: the client does not read
 
 
 def _now_ms() -> int:
@@ -61,16 +79,27 @@ def raise_nofile_limit() -> tuple[int, int]:
 class _MQTTProtocol(asyncio.Protocol):
     """One TCP connection: forwards bytes and connection events to the broker core."""
 
-    __slots__ = ("_server", "_conn")
+    __slots__ = ("_server", "_conn", "_kind", "written", "buffered", "stalled_ms")
 
-    def __init__(self, server: "MQTTServer") -> None:
+    def __init__(self, server: "MQTTServer", kind: str = "mqtt") -> None:
         self._server = server
         self._conn: Connection | None = None
+        self._kind = kind
+        # while writing is paused: bytes written since the last sweep, buffer size at the last sweep, and
+        # since when the buffer has been over the bound without draining (None: it drains)
+        self.written = 0
+        self.buffered = 0
+        self.stalled_ms: int | None = None
+
+    def _peer(self, transport: asyncio.BaseTransport) -> Peer:
+        # an SSL transport reaches connection_made only after the handshake verified the chain
+        cn = verified_cn(transport.get_extra_info("ssl_object")) if self._kind in ("mqtts", "wss") else None
+        return Peer.from_peername(transport.get_extra_info("peername"), cn, self._kind)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._server
         server._protocols.add(self)
-        conn = server.broker.connection_made(_now_ms(), transport.get_extra_info("peername"))
+        conn = server.broker.connection_made(_now_ms(), self._peer(transport))
         conn.transport = transport
         self._conn = conn
 
@@ -83,6 +112,7 @@ class _MQTTProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         server = self._server
         server._protocols.discard(self)
+        server._paused.discard(self)
         conn = self._conn
         if conn is not None:
             reason = "connection lost" if exc is None else f"connection lost: {exc!r}"
@@ -92,12 +122,107 @@ class _MQTTProtocol(asyncio.Protocol):
             server._all_closed.set()
 
     def pause_writing(self) -> None:
-        if self._conn is not None:
-            self._conn.write_paused = True
+        conn = self._conn
+        if conn is not None:
+            conn.write_paused = True
+            self.written = 0
+            self.buffered = conn.transport.get_write_buffer_size() if conn.transport is not None else 0
+            self.stalled_ms = None
+            self._server._paused.add(self)
 
     def resume_writing(self) -> None:
         if self._conn is not None:
             self._conn.write_paused = False
+        self._server._paused.discard(self)
+
+    def write_stalled(self, now_ms: int, max_buffer: int) -> int:
+        """At a sweep: the buffered bytes if they are over ``max_buffer`` and nothing drained from them for
+        :data:`WRITE_STALL_MS`, else 0."""
+        t = self._conn.transport if self._conn is not None else None
+        if t is None:
+            return 0
+        buffered = t.get_write_buffer_size()
+        drained = self.buffered + self.written - buffered
+        self.buffered, self.written = buffered, 0
+        if buffered <= max_buffer or drained > 0:
+            self.stalled_ms = None
+            return 0
+        if self.stalled_ms is None:
+            self.stalled_ms = now_ms
+        return buffered if now_ms - self.stalled_ms >= WRITE_STALL_MS else 0
+
+
+class _FramedTransport:
+    """What the broker's flush writes to for a WebSocket connection: frames the MQTT bytes first."""
+
+    __slots__ = ("_raw", "_ws")
+
+    def __init__(self, raw: asyncio.Transport, ws: WebSocketStream) -> None:
+        self._raw = raw
+        self._ws = ws
+
+    def write(self, data: bytes) -> None:
+        self._raw.write(self._ws.frame(data))
+
+    def is_closing(self) -> bool:
+        return self._raw.is_closing()
+
+    def can_write_eof(self) -> bool:
+        return False  # a WebSocket ends with a close frame, not a half-close
+
+    def close(self) -> None:
+        if not self._raw.is_closing():
+            self._raw.write(self._ws.close())
+        self._raw.close()
+
+    def abort(self) -> None:
+        self._raw.abort()
+
+    # what the flush's write-buffer bound and the pre-authentication pause ask of a transport
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._raw.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self._raw.get_write_buffer_size()
+
+    def pause_reading(self) -> None:
+        self._raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._raw.resume_reading()
+
+
+class _WebSocketProtocol(_MQTTProtocol):
+    """One WebSocket connection (``ws``/``wss``): unwraps frames for the broker, frames its output.
+
+    The broker sees the connection from the TCP (or TLS) accept, so its connect timeout also bounds a
+    client that never completes the HTTP upgrade.
+    """
+
+    __slots__ = ("_ws", "_raw")
+
+    def __init__(self, server: "MQTTServer", kind: str) -> None:
+        super().__init__(server, kind)
+        self._ws = WebSocketStream()
+        self._raw: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._raw = transport  # type: ignore[assignment]
+        self._conn.transport = _FramedTransport(transport, self._ws)  # type: ignore[union-attr, arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        ws = self._ws
+        mqtt = ws.receive_data(data)
+        out = ws.data_to_send()
+        raw = self._raw
+        if out and raw is not None:
+            raw.write(out)
+        if mqtt:
+            self._server.broker.data_received(self._conn, mqtt, _now_ms())  # type: ignore[arg-type]
+        if ws.closed and raw is not None and not raw.is_closing():
+            log.info("websocket closed", peer=self._conn.peer if self._conn else None, reason=ws.close_reason)
+            raw.close()
 
 
 class _LingeringClose(asyncio.Protocol):
@@ -137,19 +262,22 @@ class MQTTServer:
         sweep_interval_s: period of the timeout/keepalive/$SYS sweep (also the timing resolution).
         reuse_port: bind with SO_REUSEPORT so that several listener processes share host:port and the
             kernel spreads new connections over them (every one of them must set it).
+        listeners: the optional TLS / WebSocket / WSS listeners (same host, same broker), or None.
 
     Raises:
-        ConfigError: from :class:`AccessControl` (e.g. a non-loopback listener without users).
+        ConfigError: from :class:`AccessControl` (e.g. a non-loopback listener without users), or a
+            certificate file that does not load (names the key).
     """
 
     def __init__(self, settings: MQTTSettings, *, host: str | None = None, port: int | None = None,
                  hooks: BrokerHooks | None = None, acl: Any = None, sweep_interval_s: float = 1.0,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, listeners: ListenerSettings | None = None) -> None:
         self.settings = settings
         self.host = settings.host if host is None else host
         self._port = settings.port if port is None else port
         self.acl = acl if acl is not None else AccessControl(settings, listener_is_loopback=is_loopback_host(self.host))
         self._sweep_interval = sweep_interval_s
+        self._max_write_buffer = settings.max_write_buffer_bytes
         self.reuse_port = reuse_port
         self.broker = Broker(
             settings, self.acl, hooks, now_ms=_now_ms(),
@@ -161,8 +289,12 @@ class MQTTServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._flush_scheduled = False
         self._protocols: set[_MQTTProtocol] = set()
+        self._paused: set[_MQTTProtocol] = set()  # connections whose transport asked to stop writing
         self._all_closed: asyncio.Event | None = None
         self._lingering = False  # set by stop(drain=True): closed connections half-close and drain
+        self.listeners = listeners or ListenerSettings()
+        self.tls = ServerTLS(self.listeners.tls) if self.listeners.tls is not None else None
+        self._extra: list[tuple[str, asyncio.base_events.Server]] = []  # (scheme, server) of extra listeners
 
     @property
     def port(self) -> int:
@@ -175,6 +307,24 @@ class MQTTServer:
     def url(self) -> str:
         """``mqtt://host:port`` of the listener."""
         return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def extra_urls(self) -> list[str]:
+        """URLs of the started extra listeners: ``mqtts://H:P``, ``ws://H:P/mqtt``, ``wss://H:P/mqtt``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        out = []
+        for scheme, server in self._extra:
+            port = server.sockets[0].getsockname()[1] if server.sockets else 0
+            out.append(f"{scheme}://{host}:{port}" + (MQTT_PATH if scheme in ("ws", "wss") else ""))
+        return out
+
+    def reload_tls(self) -> bool:
+        """Load the certificate files again (new handshakes use them; open connections stay).
+
+        Returns:
+            True when reloaded, False when TLS is off or the files failed to load (old ones kept, logged).
+        """
+        return self.tls.reload() if self.tls is not None else False
 
     async def start(self) -> None:
         """Bind and start accepting connections.
@@ -191,17 +341,63 @@ class MQTTServer:
             )
         except OSError as exc:
             raise RuntimeError(f"cannot listen on {self.host}:{self._port}: {exc.strerror or exc}") from exc
+        try:
+            await self._start_extra(loop)
+        except BaseException:
+            self._server.close()
+            for _, extra in self._extra:
+                extra.close()
+            self._server, self._extra = None, []
+            raise
         self._sweeper = loop.call_later(self._sweep_interval, self._sweep)
         log.info("mqtt listening", host=self.host, port=self.port, loop=type(loop).__module__,
                  reuse_port=self.reuse_port, max_descriptors=soft)
 
+    async def _start_extra(self, loop: asyncio.AbstractEventLoop) -> None:
+        ls = self.listeners
+        handshake_s = max(self.settings.connect_timeout_ms / 1000.0, 0.1)
+        tls_ctx = self.tls.listener_context if self.tls is not None else None
+        for scheme, port, ssl_ctx in (("mqtts", ls.tls_port, tls_ctx), ("ws", ls.ws_port, None),
+                                      ("wss", ls.wss_port, tls_ctx)):
+            if not port:
+                continue
+            if scheme in ("ws", "wss"):
+                factory: Callable[[], asyncio.Protocol] = lambda kind=scheme: _WebSocketProtocol(self, kind)
+            else:
+                factory = lambda kind=scheme: _MQTTProtocol(self, kind)
+            try:
+                server = await loop.create_server(
+                    factory, self.host, port, reuse_address=True, backlog=4096, reuse_port=self.reuse_port or None,
+                    ssl=ssl_ctx, ssl_handshake_timeout=handshake_s if ssl_ctx is not None else None)
+            except OSError as exc:
+                raise RuntimeError(f"cannot listen ({scheme}) on {self.host}:{port}: {exc.strerror or exc}") from exc
+            self._extra.append((scheme, server))
+            log.info("mqtt listening", scheme=scheme, host=self.host, port=port,
+                     client_auth=self.listeners.tls.client_auth if ssl_ctx is not None and self.listeners.tls else None)
+
     def _sweep(self) -> None:
         try:
-            self.broker.tick(_now_ms())
+            now = _now_ms()
+            self.broker.tick(now)
+            if self._paused:
+                self._cut_off_stalled(now)
         except Exception:  # never let one bad tick stop the timer
             log.exception("mqtt sweep failed")
         if self._loop is not None and self._server is not None:
             self._sweeper = self._loop.call_later(self._sweep_interval, self._sweep)
+
+    def _cut_off_stalled(self, now_ms: int) -> None:
+        for proto in list(self._paused):
+            buffered = proto.write_stalled(now_ms, self._max_write_buffer)
+            if buffered:
+                self._write_buffer_full(proto._conn, buffered)  # type: ignore[arg-type]
+
+    def _write_buffer_full(self, conn: Connection, buffered: int) -> None:
+        self.broker.write_buffer_full(conn, buffered)
+        t = conn.transport
+        if t is not None:
+            t.abort()  # close() would keep the buffer until it is written: never
+        self._schedule_flush()  # the will and the events of the close
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
@@ -215,12 +411,23 @@ class MQTTServer:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        max_buffer = self._max_write_buffer
         for conn, data in self.broker.flush():
             t = conn.transport
             if t is None:
                 continue
             if data and not t.is_closing():
+                behind = conn.write_paused
                 t.write(data)
+                if conn.write_paused:  # over the transport's high-water mark
+                    proto = t.get_protocol()
+                    if isinstance(proto, _MQTTProtocol):
+                        proto.written += len(data)
+                    if behind:
+                        buffered = t.get_write_buffer_size()
+                        if buffered > max_buffer + (conn.session.bytes if conn.session is not None else 0):
+                            self._write_buffer_full(conn, buffered)
+                            continue
             if conn.state >= CLOSED:
                 if self._lingering and not t.is_closing() and t.can_write_eof():
                     t.set_protocol(_LingeringClose(t.get_protocol()))
@@ -231,11 +438,17 @@ class MQTTServer:
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop
         assert loop is not None
+        transport = conn.transport
+        if transport is not None:
+            transport.pause_reading()  # nothing more is read from a client until it is authenticated
         fut = loop.run_in_executor(getattr(self.acl, "login_executor", None), fn)  # bounded PBKDF2 pool
 
         def done(f: asyncio.Future) -> None:
             exc = f.exception()
             self.broker.auth_done(conn, exc if exc is not None else f.result(), _now_ms())
+            t = conn.transport
+            if t is not None and conn.state < CLOSED and not t.is_closing():
+                t.resume_reading()
 
         fut.add_done_callback(done)
 
@@ -254,6 +467,9 @@ class MQTTServer:
         port = self.port
         server, self._server = self._server, None
         server.close()
+        extra, self._extra = self._extra, []
+        for _, other in extra:
+            other.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -275,6 +491,8 @@ class MQTTServer:
                     if t is not None:
                         t.abort()
         await server.wait_closed()
+        for _, other in extra:
+            await other.wait_closed()
         self._flush()
         self._lingering = False
         log.info("mqtt stopped", host=self.host, port=port, connections_closed=n, drained=drain)

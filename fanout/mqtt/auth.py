@@ -170,8 +170,8 @@ class AccessControl:
         # docstring hold; inside it an anonymous client may act as the vehicle its client id names.
         self.dev_mode = bool(not self._users and listener_is_loopback)
         self._dev_login = bool(self.dev_mode and settings.dev_platform_login)
-        # set by the TLS listener's config (mqtt.cert_role); read with a default so embeddings without it work
-        self._cert_role: str = getattr(settings, "cert_role", "vehicle")
+        # role of a verified client certificate whose CN names no configured user (mqtt.cert_role)
+        self._cert_role: str = settings.cert_role
         self._publish_rules = self._compile_rules(settings.acl, "publish")
         self._subscribe_rules = self._compile_rules(settings.acl, "subscribe")
         # whether some subscribe rule could apply to a vehicle under agent/ (then can_read has no shortcut there)
@@ -206,6 +206,7 @@ class AccessControl:
         self.login_executor = self.guard.executor
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
         self.auth_cache_hits = 0
+        self.auth_failures = 0  # refused authentications (bad credentials, not authorised): metrics
         if self._dev_login:
             log.warning(
                 "dev platform login enabled",
@@ -355,8 +356,9 @@ class AccessControl:
             vehicle = role == "vehicle"
         return Principal(username, role, client_id, vehicle, f"agent/{client_id}/" if vehicle else "")
 
-    @staticmethod
-    def _refuse(code: int, client_id: str, username: str | None, reason: str) -> int:
+    def _refuse(self, code: int, client_id: str, username: str | None, reason: str) -> int:
+        with self._lock:  # authenticate runs in executor threads
+            self.auth_failures += 1
         log.info("mqtt connect refused", client_id=client_id, username=username, return_code=code, reason=reason)
         return code
 

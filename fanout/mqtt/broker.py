@@ -29,7 +29,10 @@ Decisions (see also the README):
 - A PUBLISH the ACL refuses is still acknowledged (QoS 1/2) but not delivered, counted and logged once
   per connection and topic.
 - Authentication with a user name may take a PBKDF2 run (~0.3 s): with ``defer_auth`` the adapter runs
-  it off the loop and calls :meth:`Broker.auth_done`; packets that arrive meanwhile are held.
+  it off the loop (and stops reading that socket) and calls :meth:`Broker.auth_done`. Nothing is decoded
+  from a connection before its CONNECT is accepted: the bytes after the CONNECT stay in its reader, at
+  most ``max_connect_size`` + one read (``MAX_READ_BYTES``) of them, and are decoded under the packet size
+  limit of the authenticated role once the CONNACK is written.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ import structlog
 
 from .connection import CONNECTED, CONNECTING, ERROR, Connection
 from .delivery import Delivery
-from .errors import ProtocolError
+from .errors import NotConnectFirst, PacketTooLarge, ProtocolError
 from .hooks import BrokerHooks, DeliverStatus
 from .inbound import Inbound
 from .lifecycle import Lifecycle
@@ -56,7 +59,7 @@ from .sys_stats import SysStats
 
 log = structlog.get_logger(__name__)
 
-MAX_HELD_PACKETS = 1000  # packets held while an authentication runs before the client is dropped
+MAX_READ_BYTES = 256 * 1024  # the most asyncio's transports hand over per read (selector_events.max_size)
 AuthFn = Callable[[], Any]
 
 
@@ -126,6 +129,8 @@ class Broker:
         self.trie = st.trie
         self.retained = st.retained
         self.sys = SysStats(st, settings.sys_interval_ms, now_ms)
+        # bytes a connection may send after its CONNECT before the CONNACK: what one read brought with it
+        self._max_pre_auth = settings.max_connect_size_bytes + MAX_READ_BYTES
         delivery = self._delivery = Delivery(st)
         lifecycle = self._lifecycle = Lifecycle(st, delivery, defer_auth)
         inbound = self._inbound = Inbound(st, delivery, lifecycle)
@@ -163,7 +168,7 @@ class Broker:
         st.now = now_ms
         conn.last_rx_ms = now_ms
         st.bytes_received += len(data)
-        if conn.state is CONNECTED and conn.held is None:
+        if conn.state is CONNECTED:
             # Fast path: the reader directly (Connection.receive_data adds a frame and an order check
             # whose only remaining rule, "no second CONNECT", the handler table enforces here).
             try:
@@ -180,30 +185,35 @@ class Broker:
                 if conn.state is not CONNECTED:
                     return
             return
+        # Slow path: CONNECTING (at most the CONNECT comes out) or closed (nothing does).
         try:
             packets = conn.receive_data(data)
         except ProtocolError as exc:
-            self._dispatch(conn, exc.packets)
+            if conn.state is not CONNECTED and not conn.connect_seen:
+                if isinstance(exc, NotConnectFirst):
+                    st.caps.hit("first_packet", peer=conn.peer, reason=str(exc))
+                elif isinstance(exc, PacketTooLarge):
+                    st.caps.hit("connect_size", peer=conn.peer, reason=str(exc))
             self._lifecycle.protocol_error(conn, exc)
             return
-        self._dispatch(conn, packets)
+        if packets:
+            st.msgs_received += 1
+            self._lifecycle.on_connect(conn, packets[0])
+            if conn.state is CONNECTED and conn.reader.buffered:
+                self.data_received(conn, b"", now_ms)  # what followed the CONNECT, under the connected limits
+        if conn.pending_connect is not None and conn.reader.buffered > self._max_pre_auth:
+            st.caps.hit("pre_auth_bytes", client_id=conn.client_id, peer=conn.peer, buffered=conn.reader.buffered)
+            self._lifecycle.protocol_error(conn, ProtocolError(
+                f"more than {self._max_pre_auth} bytes sent before CONNACK"))
 
     def _dispatch(self, conn: Connection, packets: list[Any]) -> None:
-        """Slow path: packets while CONNECTING (or before a protocol error); held while auth runs."""
+        """The packets decoded before a protocol error on a connected connection."""
         self.state.msgs_received += len(packets)
         handlers = self._handlers
-        for i, p in enumerate(packets):
+        for p in packets:
             if conn.close_reason is not None:
                 return
-            if conn.held is not None:
-                conn.held.extend(packets[i:])
-                if len(conn.held) > MAX_HELD_PACKETS:
-                    self._lifecycle.protocol_error(conn, ProtocolError("too many packets before CONNACK"))
-                return
-            if p.__class__ is Connect and conn.session is None:
-                self._lifecycle.on_connect(conn, p)
-            else:
-                handlers[p.__class__](conn, p)  # a CONNECT here is a second one: protocol error
+            handlers[p.__class__](conn, p)  # a CONNECT here is a second one: protocol error
 
     def connection_lost(self, conn: Connection, now_ms: int, reason: str = "connection lost") -> None:
         """The network connection ended (peer closed, reset, or the adapter closed it)."""
@@ -270,17 +280,30 @@ class Broker:
         """
         self.state.now = now_ms
         self._lifecycle.auth_answered()
-        held = conn.held
-        conn.held = None
-        if held is None or conn.state is not CONNECTING:
+        connect = conn.pending_connect
+        conn.pending_connect = None
+        if connect is None or conn.state is not CONNECTING:
             return
         if isinstance(result, BaseException):
             log.error("mqtt authentication failed", client_id=conn.client_id, error=repr(result))
             result = CONNACK_SERVER_UNAVAILABLE
-        self._lifecycle.finish_connect(conn, held[0], result)
-        if conn.state is CONNECTED and len(held) > 1:
-            self.state.msgs_received -= len(held) - 1  # counted when they arrived
-            self._dispatch(conn, held[1:])
+        self._lifecycle.finish_connect(conn, connect, result)
+        if conn.state is CONNECTED and conn.reader.buffered:
+            self.data_received(conn, b"", now_ms)  # the bytes that followed the CONNECT
+
+    def write_buffer_full(self, conn: Connection, buffered: int) -> None:
+        """The adapter holds more than ``max_write_buffer_bytes`` unwritten for ``conn`` (a client that does
+        not read): close it as a failed client (its will is published, a persistent session stays with what
+        it holds, within ``max_session_bytes``). The adapter then drops the transport and its buffer.
+
+        Args:
+            conn: the connection.
+            buffered: bytes waiting in the adapter's write buffer.
+        """
+        if conn.close_reason is not None:
+            return
+        self.state.caps.hit("write_buffer", client_id=conn.client_id, peer=conn.peer, buffered=buffered)
+        self._lifecycle.close(conn, "write buffer full", will=True)
 
     def _on_pingreq(self, conn: Connection, p: Pingreq) -> None:
         self.state.write(conn, PINGRESP_BYTES)  # MQTT-3.12.4-1

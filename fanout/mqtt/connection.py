@@ -15,7 +15,13 @@ States::
 Rules enforced by :meth:`receive_data` (a violation raises :class:`ProtocolError`, moves to ERROR and
 the packets before the offending one stay available in ``exc.packets``):
 
-- the first packet must be CONNECT (MQTT-3.1.0-1);
+- the first packet must be CONNECT (MQTT-3.1.0-1), checked on its first byte: a client that starts
+  with anything else is refused before the rest of its packet is read;
+- the CONNECT is held to ``max_connect_size``, a small cap of its own: nothing larger is buffered from
+  a client that has not authenticated;
+- while CONNECTING, only the CONNECT is decoded; the bytes after it stay in the reader undecoded until
+  the server accepted the connection (:meth:`send` of CONNACK 0, or the broker moving it to CONNECTED),
+  so an authentication that takes time queues no packets (call ``receive_data(b"")`` then);
 - a second CONNECT is a protocol violation (MQTT-3.1.0-2);
 - buffered bytes of an incomplete packet never exceed the reader's ``max_packet_size + 5``, because a
   header announcing more raises :class:`PacketTooLarge` before its body is buffered.
@@ -28,8 +34,8 @@ from enum import IntEnum
 from typing import Any
 
 from .codec import PacketReader, encode
-from .errors import ProtocolError
-from .packets import Connack, Connect, Packet
+from .errors import NotConnectFirst, ProtocolError
+from .packets import Connack, Connect, Packet, PacketType
 
 
 class ConnState(IntEnum):
@@ -51,9 +57,11 @@ class Connection:
     """One network connection as the broker sees it.
 
     Args:
-        max_packet_size: largest accepted remaining length; bigger packets raise PacketTooLarge.
+        max_packet_size: largest accepted remaining length once connected; bigger packets raise
+            PacketTooLarge (the broker raises it for platform logins).
         now_ms: creation time (for the connect timeout).
         peer: peer address for logs (opaque).
+        max_connect_size: largest accepted remaining length of the CONNECT (default: ``max_packet_size``).
 
     Attributes the broker maintains (public slots, no behaviour):
         client_id, session, principal, will, generation: set on an accepted CONNECT.
@@ -64,7 +72,7 @@ class Connection:
         close_reason: why the broker closed it (set with the state).
         wheel_slot: deadline-wheel bucket the connection is scheduled in (see :mod:`deadlines`).
         acl_cache: per-connection publish decisions by topic (created on first publish).
-        held: packets received while an authentication runs (CONNECT accepted later), or None.
+        pending_connect: the CONNECT whose authentication runs (its bytes-after stay in the reader), or None.
         pending_ingest: packet ids of intercepted publishes awaiting complete/reject, or None.
         write_paused: the transport asked to stop writing (QoS 0 to this connection is dropped).
     """
@@ -72,11 +80,13 @@ class Connection:
     __slots__ = (
         "reader", "state", "connect_seen", "client_id", "session", "principal", "will", "generation",
         "keepalive_ms", "last_rx_ms", "created_ms", "out", "transport", "peer", "close_reason",
-        "wheel_slot", "acl_cache", "held", "pending_ingest", "write_paused",
+        "wheel_slot", "acl_cache", "pending_connect", "pending_ingest", "write_paused", "max_packet_size",
     )
 
-    def __init__(self, max_packet_size: int, now_ms: int = 0, peer: Any = None) -> None:
-        self.reader = PacketReader(max_packet_size)
+    def __init__(self, max_packet_size: int, now_ms: int = 0, peer: Any = None, *,
+                 max_connect_size: int | None = None) -> None:
+        self.reader = PacketReader(max_packet_size if max_connect_size is None else min(max_connect_size, max_packet_size))
+        self.max_packet_size = max_packet_size
         self.state = CONNECTING
         self.connect_seen = False
         self.client_id: str | None = None
@@ -93,7 +103,7 @@ class Connection:
         self.close_reason: str | None = None
         self.wheel_slot = -1
         self.acl_cache: dict[str, bool] | None = None
-        self.held: list[Packet] | None = None
+        self.pending_connect: Connect | None = None
         self.pending_ingest: set[int] | None = None
         self.write_paused = False
 
@@ -112,14 +122,18 @@ class Connection:
             data: the next chunk of the byte stream (any split).
 
         Returns:
-            Packets completed by ``data`` (possibly none). Empty once CLOSED or ERROR.
+            Packets completed by ``data`` (possibly none). Empty once CLOSED or ERROR; while
+            CONNECTING at most the CONNECT (the bytes after it are kept for later).
 
         Raises:
             ProtocolError: malformed or oversize packet, a first packet that is not CONNECT, or a second
                 CONNECT. ``exc.packets`` holds the valid packets before it; the state is ERROR.
         """
-        if self.state >= CLOSED:
+        state = self.state
+        if state >= CLOSED:
             return []
+        if state is CONNECTING:
+            return self._receive_connect(data)
         try:
             packets = self.reader.feed(data)
         except ProtocolError as exc:
@@ -136,6 +150,31 @@ class Connection:
         elif packets:
             self._check_order(packets)
         return packets
+
+    def _receive_connect(self, data: bytes) -> list[Packet]:
+        reader = self.reader
+        if self.connect_seen:
+            reader.hold(data)  # the CONNECT is being authenticated: keep what follows it undecoded
+            return []
+        if data and not reader.buffered and data[0] >> 4 != PacketType.CONNECT:
+            kind = data[0] >> 4
+            name = PacketType(kind).name if kind in PacketType._value2member_map_ else f"type {kind}"
+            self.state = ERROR
+            raise NotConnectFirst(f"first packet is {name}, not CONNECT (MQTT-3.1.0-1)")
+        try:
+            packet = reader.feed_first(data)
+        except ProtocolError:
+            self.state = ERROR
+            raise
+        if packet is None:
+            return []
+        self.connect_seen = True  # the first byte said CONNECT, so this is one
+        return [packet]
+
+    def accepted(self) -> None:
+        """The server accepted the CONNECT: CONNECTED, and the connected packet size limit applies."""
+        self.state = CONNECTED
+        self.reader.max_packet_size = self.max_packet_size
 
     def _check_order(self, packets: list[Packet]) -> None:
         for i, p in enumerate(packets):
@@ -172,7 +211,10 @@ class Connection:
         if packet.__class__ is Connack:
             if self.state is not CONNECTING:
                 raise ProtocolError("CONNACK sent twice")
-            self.state = CONNECTED if packet.return_code == 0 else CLOSED  # type: ignore[union-attr]
+            if packet.return_code == 0:  # type: ignore[union-attr]
+                self.accepted()
+            else:
+                self.state = CLOSED
         return encode(packet)
 
     def close(self, reason: str, *, error: bool = False) -> bool:

@@ -19,8 +19,10 @@ Strategy: this is the per-message hot path, written for CPython speed:
 - deliver at min(publish QoS, granted QoS), once per client even with overlapping subscriptions (the
   trie already returns the maximum granted QoS per client), with RETAIN=0 on routed messages
   (MQTT-3.3.1-9) and RETAIN=1 only for retained messages replayed on subscribe (MQTT-3.3.1-8);
-- QoS 1/2 go through the session's inflight window; what does not fit (or finds the client offline)
-  is queued in the session, bounded, with counted drops (logged once per sweep by :meth:`report_drops`).
+- QoS 1/2 go through the session's inflight window (a count, and the session's byte bound with the
+  queue); what does not fit (or finds the client offline) is queued in the session, bounded by count,
+  by the session's bytes and by the node's queued bytes, with counted drops (logged once per sweep by
+  :meth:`report_drops`; the byte bounds also as :mod:`caps` hits).
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ class Delivery:
         """
         st = self._st
         if retain:
-            st.retained.set(topic, payload, qos)
+            self.retain(topic, payload, qos)
         subs = st.match_cache.get(topic)
         if subs is None:
             subs = self.match(topic)
@@ -74,6 +76,13 @@ class Delivery:
             self.fanout(topic, payload, qos, subs, False)
             return len(subs)
         return 0
+
+    def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None) -> None:
+        """Store (or clear) the retained message of ``topic``, counting a refusal by the store's bounds."""
+        refused = self._st.retained.set(topic, payload, qos)
+        if refused is not None:
+            self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
+                              retained_bytes=self._st.retained.bytes)
 
     def match(self, topic: str) -> dict[str, int]:
         """Trie match through the cache (cleared on every subscription change), keeping only the sessions
@@ -109,6 +118,10 @@ class Delivery:
         tb = topic.encode("utf-8")
         many = len(subs) > 1
         dirty = st.dirty
+        limits = st.limits
+        max_inflight = limits.max_inflight
+        max_bytes = limits.max_bytes
+        size = len(topic) + len(payload)  # OutMsg.size
         sent = 0
         dropped = 0
         for cid, granted in subs.items():
@@ -132,8 +145,9 @@ class Delivery:
                     dirty.append(c)
                 out.append(enc0)
                 sent += 1
-            elif c is not None and not s.queue and len(s.inflight) < s.limits.max_inflight:
-                # Session.send + write inlined: the common QoS 1 case
+            elif (c is not None and not s.queue and len(s.inflight) < max_inflight
+                  and (s.bytes + size <= max_bytes or not s.bytes)):
+                # Session.window_open + send + write inlined: the common QoS 1 case
                 inflight = s.inflight
                 pid = s.last_pid + 1
                 if pid > 0xFFFF or pid in inflight:
@@ -141,6 +155,7 @@ class Delivery:
                 else:
                     s.last_pid = pid
                 inflight[pid] = OutMsg(topic, payload, q, retain)
+                s.bytes += size
                 out = c.out
                 if not out:
                     if not dirty:
@@ -180,7 +195,7 @@ class Delivery:
 
     def send_msg(self, s: Session, m: OutMsg) -> DeliverStatus:
         """Send ``m`` now if the session's window is open, else queue it."""
-        if s.window_open():
+        if s.window_open(m.size):
             pid = s.send(m)
             self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
             self._st.pub_sent += 1
@@ -188,16 +203,21 @@ class Delivery:
         return self.queue(s, m)
 
     def queue(self, s: Session, m: OutMsg) -> DeliverStatus:
-        """Queue ``m`` in the session, counting a drop the queue bound makes."""
+        """Queue ``m`` in the session, counting the drops its bounds make."""
         dropped = s.enqueue(m)
-        if dropped is None:
+        if not dropped:
             return _QUEUED
         st = self._st
-        st.pub_dropped += 1
+        st.pub_dropped += len(dropped)
         st.drops_unreported.add(s)
-        if dropped.tag is not None:
-            self._emit(DeliveryDropped(s.client_id, dropped.tag))
-        return DeliverStatus.DROPPED if dropped is m else _QUEUED
+        reason = s.drop_reason
+        if reason != "mqtt.max_offline_messages":  # the byte bounds; the count bound is logged by report_drops
+            st.caps.hit("session_bytes" if reason == "mqtt.max_session_bytes" else "queued_bytes",
+                        client_id=s.client_id, session_bytes=s.bytes, queued_bytes=st.queue_budget.queued_bytes)
+        for d in dropped:
+            if d.tag is not None:
+                self._emit(DeliveryDropped(s.client_id, d.tag))
+        return DeliverStatus.DROPPED if dropped[-1] is m else _QUEUED
 
     def drain(self, s: Session) -> None:
         """Send queued messages while the window has room."""
@@ -242,7 +262,8 @@ class Delivery:
         for s in st.drops_unreported:
             log.warning("mqtt session queue full, messages dropped", client_id=s.client_id,
                         dropped=s.dropped_unreported, dropped_total=s.dropped,
-                        policy="oldest" if limits.drop_oldest else "newest", limit=limits.max_queued)
+                        policy="oldest" if limits.drop_oldest else "newest", bound=s.drop_reason,
+                        limit=limits.max_queued, session_bytes=s.bytes)
             s.dropped_unreported = 0
         st.drops_unreported.clear()
 
@@ -257,6 +278,7 @@ class Delivery:
             self._st.acks_unknown += 1
             return
         del inflight[pid]
+        s.bytes -= m.size
         if m.tag is not None:
             self._emit(Delivered(s.client_id, m.tag, 1))
         if s.queue:

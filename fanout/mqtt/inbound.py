@@ -6,6 +6,8 @@ Strategy: :meth:`Inbound.on_publish` runs once per received message, so it keeps
 :mod:`delivery` (no logging, no string formatting, counters only); a publish the ACL refuses is
 acknowledged but not delivered (3.1.1 has no way to refuse a PUBLISH short of closing the connection,
 Mosquitto does the same) and logged once per connection and topic through the per-connection ACL cache.
+A topic over ``mqtt.max_topic_length`` or ``mqtt.max_topic_levels`` is refused the same way, counted as
+a bound hit and never cached, so the caches stay within their entry count x the topic length bound.
 QoS 2 uses "method A" of the spec's figure 4.3: route on PUBLISH, remember the packet id until PUBREL so
 that a DUP resend is not routed twice (MQTT-4.3.3-2).
 """
@@ -23,6 +25,7 @@ from .hooks import Heartbeat, IngestTicket, LocalPublish
 from .lifecycle import Lifecycle
 from .packets import Publish, Pubrel
 from .state import BrokerState
+from .topics import over_limits
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +49,8 @@ class Inbound:
         self._emit = state.emit
         self._fanout = delivery.fanout
         self._match = delivery.match
+        self._max_levels = state.settings.max_topic_levels
+        self._max_length = state.settings.max_topic_length_bytes
 
     def on_publish(self, conn: Connection, p: Publish) -> None:
         st = self._st
@@ -77,7 +82,7 @@ class Inbound:
             # Delivery.route inlined: this is the per-message path of QoS 0 and 1
             payload = p.payload
             if p.retain:
-                st.retained.set(topic, payload, qos)
+                self._delivery.retain(topic, payload, qos, conn.client_id)
             subs = st.match_cache.get(topic)
             if subs is None:
                 subs = self._match(topic)
@@ -98,6 +103,11 @@ class Inbound:
         self._write(conn, encode_pubrec(p.packet_id))  # type: ignore[arg-type]
 
     def _acl_publish(self, conn: Connection, topic: str, cache: dict[str, bool]) -> bool:
+        over = over_limits(topic, self._max_levels, self._max_length)
+        if over is not None:  # refused like a denied topic, and not cached: no table grows with it
+            self._st.caps.hit(over, client_id=conn.client_id, peer=conn.peer, length=len(topic),
+                              levels=topic.count("/") + 1)
+            return False
         allowed = self._st.acl.can_publish(conn.principal, topic)
         if len(cache) >= ACL_CACHE_SIZE:
             cache.clear()

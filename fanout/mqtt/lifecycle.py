@@ -8,7 +8,8 @@ evictions). Rules enforced, with the statement they implement:
 
 - zero-length client id only with clean session, else CONNACK 0x02 (MQTT-3.1.3-7/8); a unique id is
   assigned (MQTT-3.1.3-6);
-- authentication result 4/5 -> CONNACK 4/5; a will topic the principal may not publish -> 5;
+- authentication result 4/5 -> CONNACK 4/5; a will topic the principal may not publish, or over the
+  topic length/level bounds -> 5;
 - outside development mode a session is bound to the principal that made it: a CONNECT by another
   principal with its client id is refused with 0x02, except that a vehicle evicts a squatter of its VIN
   (the trust model, :mod:`principals`); a certificate's CN is authenticated inline, as are logins answered
@@ -46,6 +47,7 @@ from .packets import (
 )
 from .session import Session
 from .state import BrokerState
+from .topics import over_limits
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +69,7 @@ class Lifecycle:
         self._defer_auth = defer_auth
         s = state.settings
         self._max_packet = s.max_packet_size_bytes
+        self._max_connect = s.max_connect_size_bytes
         # Ingest triggers name up to fanout.max_batch VINs (~20 bytes each in JSON), far more than the
         # per-client limit; only authenticated platform/admin connections get the larger limit.
         self._max_platform_packet = max(s.max_packet_size_bytes, s.max_platform_packet_size_bytes)
@@ -85,7 +88,7 @@ class Lifecycle:
 
     def connection_made(self, now_ms: int, peer: Any) -> Connection:
         """Register a new network connection and start its connect timeout."""
-        conn = Connection(self._max_packet, now_ms, peer)
+        conn = Connection(self._max_packet, now_ms, peer, max_connect_size=self._max_connect)
         self._st.connections.add(conn)
         self._st.wheel.schedule(conn, now_ms + self._connect_timeout)
         return conn
@@ -121,7 +124,7 @@ class Lifecycle:
                 if refused is not None:  # counted in $SYS and warned once per window, not logged per connect
                     self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, refused, logged=False)
                     return
-            conn.held = [p]
+            conn.pending_connect = p  # the broker decodes nothing more from it until auth_done
             self._defer_auth(conn, functools.partial(st.acl.authenticate, cid, p.username, p.password))
             return
         self.finish_connect(conn, p, st.acl.authenticate(cid, p.username, p.password))
@@ -141,6 +144,12 @@ class Lifecycle:
             self.refuse(conn, result, "authentication")
             return
         principal = result
+        if p.will is not None:
+            over = over_limits(p.will.topic, st.settings.max_topic_levels, st.settings.max_topic_length_bytes)
+            if over is not None:
+                st.caps.hit(over, client_id=cid, peer=conn.peer, will_topic_length=len(p.will.topic))
+                self.refuse(conn, CONNACK_NOT_AUTHORIZED, "will topic over the topic limits")
+                return
         if p.will is not None and not st.acl.can_publish(principal, p.will.topic):
             self.refuse(conn, CONNACK_NOT_AUTHORIZED, "will topic not authorised")
             return
@@ -180,23 +189,21 @@ class Lifecycle:
             if len(st.sessions) >= self._max_sessions and not self._evict_oldest_offline():
                 self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, "mqtt.max_sessions reached")
                 return
-            s = Session(cid, p.clean_session, st.limits, principal)
+            s = Session(cid, p.clean_session, st.limits, st.queue_budget, principal)
             st.sessions[cid] = s
         self._generation += 1
         conn.generation = self._generation
         conn.session = s
         conn.principal = principal
         if principal.role in ("platform", "admin"):
-            # Applies from the next packet on; a client pipelining a big PUBLISH in the same read as its
-            # CONNECT is still held to mqtt.max_packet_size (clients wait for CONNACK in practice).
-            conn.reader.max_packet_size = self._max_platform_packet
+            conn.max_packet_size = self._max_platform_packet  # from the bytes after the CONNECT on
         conn.will = p.will
         conn.keepalive_ms = p.keepalive * 1500  # MQTT-3.1.2-24: 1.5 x keep alive
         s.conn = conn
         st.clients_connected += 1
         if st.clients_connected > st.clients_maximum:
             st.clients_maximum = st.clients_connected
-        conn.state = CONNECTED
+        conn.accepted()
         st.write(conn, encode_connack(present, 0))  # MQTT-3.2.2-2/3: session present flag
         if conn.keepalive_ms:
             st.wheel.schedule(conn, st.now + conn.keepalive_ms)
@@ -340,7 +347,7 @@ class Lifecycle:
             state = conn.state
             if state is CONNECTING:
                 deadline = conn.created_ms + self._connect_timeout
-                if conn.held is not None:
+                if conn.pending_connect is not None:
                     wheel.schedule(conn, now_ms + self._connect_timeout)  # authentication still running
                 elif now_ms >= deadline:
                     log.info("mqtt connect timeout", peer=conn.peer, timeout_ms=self._connect_timeout)

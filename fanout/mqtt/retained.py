@@ -7,6 +7,12 @@ filter without wildcards with one lookup and a wildcard filter with a scan over 
 is fine for the few hundred retained topics of this system ($SYS values, wills); a topic tree would be
 the next step if millions of retained topics had to be served.
 
+Bounds: at most ``max_messages`` topics and ``max_bytes`` of topic + payload (``mqtt.max_retained_messages``,
+``mqtt.max_retained_bytes``), ``$SYS/...`` excluded (the server's own statistics, a fixed set). A retained
+message that does not fit is not stored, and the topic's previous retained message is removed all the
+same: it has been superseded, and replaying it to later subscribers would present stale data as the
+latest. The message itself is still routed to the current subscribers; the caller counts the refusal.
+
 Persistence stays outside (sans-I/O): with ``track_changes`` the store remembers which topics changed
 since :meth:`RetainedStore.take_changes`, and the adapter writes them wherever it keeps them
 (``storage.retained`` in the cluster). ``$SYS/...`` topics are not tracked: each node republishes its
@@ -14,19 +20,36 @@ own statistics.
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 from .topics import topic_matches
 
+_SYS_PREFIX = "$SYS/"
+
 
 class RetainedStore:
-    """Topic name -> (payload, qos) of the last retained message."""
+    """Topic name -> (payload, qos) of the last retained message.
 
-    __slots__ = ("_msgs", "_changes")
+    Args:
+        max_messages: most retained topics kept, ``$SYS/...`` excluded.
+        max_bytes: most topic + payload bytes kept, ``$SYS/...`` excluded.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_msgs", "_changes", "max_messages", "max_bytes", "_count", "_bytes")
+
+    def __init__(self, max_messages: int = sys.maxsize, max_bytes: int = sys.maxsize) -> None:
         self._msgs: dict[str, tuple[bytes, int]] = {}
         self._changes: dict[str, tuple[bytes, int] | None] | None = None
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._count = 0  # topics and bytes under the bounds (not $SYS)
+        self._bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        """Topic + payload bytes of the retained messages under the bounds (``$SYS/...`` excluded)."""
+        return self._bytes
 
     def track_changes(self) -> None:
         """From now on remember changed topics for :meth:`take_changes`."""
@@ -56,20 +79,49 @@ class RetainedStore:
         if self._changes is not None:
             self._changes = {**changes, **self._changes}
 
-    def set(self, topic: str, payload: bytes, qos: int) -> None:
+    def set(self, topic: str, payload: bytes, qos: int) -> str | None:
         """Store (or, for an empty payload, clear) the retained message of ``topic``.
 
         Args:
             topic: topic name (valid, no wildcards).
             payload: message; ``b""`` removes the topic's retained message (MQTT-3.3.1-10).
             qos: the QoS it was published with (replay uses min(this, granted QoS)).
+
+        Returns:
+            None when stored (or cleared); when a bound refused it, ``"retained_messages"`` or
+            ``"retained_bytes"`` (the topic's previous message is removed then, see the module docstring).
         """
+        msgs = self._msgs
+        if topic.startswith(_SYS_PREFIX):
+            if payload:
+                msgs[topic] = (payload, qos)
+            else:
+                msgs.pop(topic, None)
+            return None
+        old = msgs.get(topic)
+        refused = None
         if payload:
-            self._msgs[topic] = (payload, qos)
-        elif self._msgs.pop(topic, None) is None:
-            return  # clearing nothing changes nothing
-        if self._changes is not None and not topic.startswith("$SYS/"):
+            size = len(topic) + len(payload)
+            freed = len(topic) + len(old[0]) if old is not None else 0
+            if old is None and self._count >= self.max_messages:
+                refused = "retained_messages"
+            elif self._bytes - freed + size > self.max_bytes:
+                refused = "retained_bytes"
+            else:
+                msgs[topic] = (payload, qos)
+                self._bytes += size - freed
+                if old is None:
+                    self._count += 1
+        if refused is not None or not payload:
+            if old is None:
+                return refused  # clearing nothing changes nothing
+            del msgs[topic]
+            self._bytes -= len(topic) + len(old[0])
+            self._count -= 1
+            payload = b""
+        if self._changes is not None:
             self._changes[topic] = (payload, qos) if payload else None
+        return refused
 
     def matching(self, topic_filter: str) -> Iterator[tuple[str, bytes, int]]:
         """(topic, payload, qos) of every retained message the filter matches, topics in insertion order.

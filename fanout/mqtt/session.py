@@ -5,13 +5,18 @@ decides *when* to call them and does the encoding and the writing. What lives he
 
 - subscriptions: ``subs`` maps topic filter -> granted QoS (the broker mirrors them in its trie);
 - outbound QoS 1/2 messages in flight: ``inflight`` maps packet id -> :class:`OutMsg`, in send order
-  (dict order), bounded by ``limits.max_inflight``. A QoS 2 message moves from state ``SENT`` (awaiting
+  (dict order), bounded by ``limits.max_inflight`` messages and, with the queue, by ``limits.max_bytes``
+  (``bytes``: topic + payload of every message held). A QoS 2 message moves from state ``SENT`` (awaiting
   PUBREC) to ``RELEASED`` (PUBREL sent, awaiting PUBCOMP). On resume, ``SENT`` messages are resent with
   DUP=1 and ``RELEASED`` ones get their PUBREL again (MQTT-4.4.0-1);
 - the queue: QoS 1/2 messages that could not be sent (client offline, or window full), in arrival
-  order, bounded by ``limits.max_queued``; when full, ``limits.drop_oldest`` selects which message is
-  dropped (the oldest queued one, or the new one). Every drop is counted here (``dropped`` and
-  ``dropped_unreported``); the broker counts them globally and logs them, aggregated per sweep;
+  order, bounded by ``limits.max_queued`` messages, by ``limits.max_bytes`` for the session (queued + in
+  flight) and by the node-wide :class:`QueueBudget` shared by every session of a broker (queued bytes of
+  all sessions). When a message does not fit, ``limits.drop_oldest`` selects what is dropped: the oldest
+  queued messages until it fits, or the new one. A session holding nothing accepts one message of any
+  size, so a message bigger than the session bound is still delivered to a client that keeps up. Every
+  drop is counted here (``dropped``, ``dropped_unreported`` and the bound in ``drop_reason``); the
+  broker counts them globally and logs them, aggregated per sweep;
 - inbound QoS 2: packet ids whose PUBLISH was received (and routed, "method A" of the spec's figure
   4.3) but whose PUBREL has not arrived, so a DUP resend is not routed twice (MQTT-4.3.3-2).
 
@@ -20,9 +25,10 @@ sessions small. Packet ids are allocated round-robin skipping ids still in fligh
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 from .settings import MQTTSettings
 
@@ -43,9 +49,10 @@ class OutMsg:
         state: :data:`SENT` or :data:`RELEASED`.
         dup: send the first PUBLISH with DUP=1 (the fanout layer knows it may be a redelivery of the
             same application message on an earlier session; resends within a session always set it).
+        size: what it counts against the byte bounds: topic length + payload length.
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state", "dup")
+    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state", "dup", "size")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False, tag: Hashable = None,
                  dup: bool = False) -> None:
@@ -56,6 +63,7 @@ class OutMsg:
         self.tag = tag
         self.state = SENT
         self.dup = dup
+        self.size = len(topic) + len(payload)
 
     def __repr__(self) -> str:
         return f"OutMsg({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, retain={self.retain}, tag={self.tag!r}, state={self.state})"
@@ -70,16 +78,34 @@ class SessionLimits:
         max_queued: queued messages per session (``mqtt.max_offline_messages``); 0 queues nothing.
         drop_oldest: True drops the oldest queued message when full, False drops the new one
             (``mqtt.offline_drop`` = ``oldest`` / ``newest``).
+        max_bytes: bytes of messages per session, queued + in flight (``mqtt.max_session_bytes``).
     """
 
     max_inflight: int = 32
     max_queued: int = 1000
     drop_oldest: bool = True
+    max_bytes: int = sys.maxsize
 
     @classmethod
     def from_settings(cls, settings: MQTTSettings) -> "SessionLimits":
         """Build from the broker's :class:`MQTTSettings`."""
-        return cls(settings.max_inflight, settings.max_offline_messages, settings.offline_drop == "oldest")
+        return cls(settings.max_inflight, settings.max_offline_messages, settings.offline_drop == "oldest",
+                   settings.max_session_bytes)
+
+
+class QueueBudget:
+    """The node-wide bound on queued bytes, shared by every session of one broker (``mqtt.max_queued_bytes``).
+
+    Attributes:
+        max_bytes: the bound.
+        queued_bytes: bytes of the messages queued (not in flight) in all sessions now.
+    """
+
+    __slots__ = ("max_bytes", "queued_bytes")
+
+    def __init__(self, max_bytes: int = sys.maxsize) -> None:
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
 
 
 class Session:
@@ -89,21 +115,25 @@ class Session:
         client_id: the client identifier.
         clean: the CONNECT's clean session flag (a clean session ends with its connection).
         limits: shared :class:`SessionLimits`.
+        budget: the broker's shared :class:`QueueBudget` (default: a budget of its own, unbounded).
         principal: the principal that made the session (None in tests that need no ACL).
     """
 
     __slots__ = (
-        "client_id", "clean", "limits", "subs", "inflight", "queue", "last_pid", "conn", "inbound_qos2",
-        "dropped", "dropped_unreported", "disconnected_ms", "principal",
+        "client_id", "clean", "limits", "budget", "subs", "inflight", "queue", "last_pid", "conn",
+        "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms", "principal",
     )
 
-    def __init__(self, client_id: str, clean: bool, limits: SessionLimits, principal: Any = None) -> None:
+    def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None,
+                 principal: Any = None) -> None:
         self.client_id = client_id
         # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
         # every message given to the session is checked against its read rights (ACL at delivery)
         self.principal = principal
         self.clean = clean
         self.limits = limits
+        self.budget = budget if budget is not None else QueueBudget()
+        self.bytes = 0  # topic + payload bytes of the messages held, queued and in flight
         self.subs: dict[str, int] = {}
         self.inflight: dict[int, OutMsg] = {}
         self.queue: deque[OutMsg] | None = None
@@ -112,6 +142,7 @@ class Session:
         self.inbound_qos2: set[int] | None = None
         self.dropped = 0  # messages dropped by the queue bound, over the session's life
         self.dropped_unreported = 0  # drops not yet logged by the broker
+        self.drop_reason = ""  # the bound that made the last drop: mqtt.max_offline_messages, ...
         self.disconnected_ms = 0  # when the last connection ended (expiry of offline sessions)
 
     def __repr__(self) -> str:
@@ -135,46 +166,83 @@ class Session:
         self.last_pid = pid
         return pid
 
-    def window_open(self) -> bool:
-        """True when a new QoS 1/2 message may be sent now: connected, nothing queued, window not full."""
-        return self.conn is not None and not self.queue and len(self.inflight) < self.limits.max_inflight
+    def window_open(self, size: int = 0) -> bool:
+        """True when a new QoS 1/2 message of ``size`` bytes may be sent now: connected, nothing queued,
+        window not full, and within the session's byte bound (or the session holds nothing)."""
+        return (self.conn is not None and not self.queue and len(self.inflight) < self.limits.max_inflight
+                and (self.bytes + size <= self.limits.max_bytes or not self.bytes))
 
     def send(self, msg: OutMsg) -> int:
         """Put ``msg`` in flight and return its new packet id (the caller writes the PUBLISH)."""
         pid = self.alloc_pid()
         self.inflight[pid] = msg
+        self.bytes += msg.size
         return pid
 
-    def enqueue(self, msg: OutMsg) -> OutMsg | None:
-        """Queue ``msg`` behind earlier ones, applying the bound.
+    def enqueue(self, msg: OutMsg) -> tuple[OutMsg, ...]:
+        """Queue ``msg`` behind earlier ones, applying the bounds.
 
         Args:
             msg: the message that cannot be sent now.
 
         Returns:
-            The message dropped to respect ``limits.max_queued`` (the oldest queued one or ``msg``
-            itself, per ``limits.drop_oldest``), or None when nothing was dropped.
+            The messages dropped to respect ``limits.max_queued``, ``limits.max_bytes`` and the node's
+            budget (the oldest queued ones, or ``msg`` itself, per ``limits.drop_oldest``); empty when
+            nothing was dropped. ``drop_reason`` names the bound of the last drop.
         """
         q = self.queue
         if q is None:
             q = self.queue = deque()
+        size = msg.size
+        reason = self._over(len(q), size)
+        if reason is None:
+            q.append(msg)
+            self.bytes += size
+            self.budget.queued_bytes += size
+            return ()
+        dropped: list[OutMsg] = []
+        if self.limits.drop_oldest:
+            budget = self.budget
+            while q and reason is not None:
+                old = q.popleft()
+                self.bytes -= old.size
+                budget.queued_bytes -= old.size
+                dropped.append(old)
+                self.drop_reason = reason
+                reason = self._over(len(q), size)
+            if reason is None:
+                q.append(msg)
+                self.bytes += size
+                budget.queued_bytes += size
+        if reason is not None:
+            dropped.append(msg)
+            self.drop_reason = reason
+            if not q:
+                self.queue = None
+        self.dropped += len(dropped)
+        self.dropped_unreported += len(dropped)
+        return tuple(dropped)
+
+    def _over(self, queued: int, size: int) -> str | None:
+        """The bound a new queued message of ``size`` bytes would break (setting name), or None."""
         limits = self.limits
-        if len(q) < limits.max_queued:
-            q.append(msg)
-            return None
-        self.dropped += 1
-        self.dropped_unreported += 1
-        if limits.drop_oldest and q:
-            dropped = q.popleft()
-            q.append(msg)
-            return dropped
-        return msg
+        if queued >= limits.max_queued:
+            return "mqtt.max_offline_messages"
+        if self.bytes + size > limits.max_bytes and self.bytes:
+            return "mqtt.max_session_bytes"
+        budget = self.budget
+        if budget.queued_bytes + size > budget.max_bytes:
+            return "mqtt.max_queued_bytes"
+        return None
 
     def next_sendable(self) -> OutMsg | None:
-        """Pop the oldest queued message when connected and the window has room, else None."""
+        """Pop the oldest queued message when connected and the window has room, else None (pass it to
+        :meth:`send`)."""
         q = self.queue
         if q and self.conn is not None and len(self.inflight) < self.limits.max_inflight:
             msg = q.popleft()
+            self.budget.queued_bytes -= msg.size
+            self.bytes -= msg.size  # send() counts it again, in flight
             if not q:
                 self.queue = None
             return msg
@@ -191,6 +259,7 @@ class Session:
         if msg is None or msg.qos != qos or (qos == 2 and msg.state != RELEASED):
             return None
         del self.inflight[pid]
+        self.bytes -= msg.size
         return msg
 
     def pubrec(self, pid: int) -> bool:
@@ -215,6 +284,31 @@ class Session:
         inflight = tuple(m.tag for m in self.inflight.values() if m.tag is not None)
         queued = tuple(m.tag for m in self.queue if m.tag is not None) if self.queue else ()
         return inflight, queued
+
+    def drop_where(self, stale: Callable[[OutMsg], bool]) -> int:
+        """Remove the messages, in flight or queued, for which ``stale(msg)`` is true, releasing their bytes
+        from the session's and the node's budgets.
+
+        Returns:
+            How many were removed.
+        """
+        dropped = [pid for pid, m in self.inflight.items() if stale(m)]
+        for pid in dropped:
+            self.bytes -= self.inflight.pop(pid).size
+        n = len(dropped)
+        q = self.queue
+        if q:
+            kept = [m for m in q if not stale(m)]
+            for m in q:
+                if stale(m):
+                    self.bytes -= m.size
+                    self.budget.queued_bytes -= m.size
+            n += len(q) - len(kept)
+            q.clear()
+            q.extend(kept)
+            if not kept:
+                self.queue = None
+        return n
 
     def queued_count(self) -> int:
         """Messages waiting in the queue."""
@@ -243,9 +337,12 @@ class Session:
     def clear_messages(self) -> int:
         """Drop every held message (inflight and queued); return how many there were."""
         n = len(self.inflight) + self.queued_count()
+        if self.queue:
+            self.budget.queued_bytes -= sum(m.size for m in self.queue)
         self.inflight.clear()
         self.queue = None
+        self.bytes = 0
         return n
 
 
-__all__ = ["Session", "SessionLimits", "OutMsg", "SENT", "RELEASED"]
+__all__ = ["Session", "SessionLimits", "QueueBudget", "OutMsg", "SENT", "RELEASED"]

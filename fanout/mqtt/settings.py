@@ -49,11 +49,16 @@ class MQTTSettings:
         host: listener address.
         port: listener port (0 = any free port).
         anonymous_role: role of clients without user name (``none`` refuses them).
+        cert_role: role of a verified client certificate whose CN names no configured user.
         dev_platform_login: allow ``platform``/``platform`` on a loopback listener without users.
         users: configured logins.
         acl: extra ACL rules, in file order.
+        max_connect_size_bytes: largest CONNECT accepted (before authentication; larger closes the connection).
         max_packet_size_bytes: largest packet accepted from a client.
         max_platform_packet_size_bytes: largest packet from a platform/admin login (after its CONNACK).
+        max_topic_levels: most levels in a topic name or filter.
+        max_topic_length_bytes: longest topic name or filter (UTF-8 bytes).
+        max_subscriptions_per_client: filters one session may hold.
         sys_interval_ms: ``$SYS`` publish period (0 = off).
         connect_timeout_ms: a connection that sends no CONNECT within this is closed.
         max_connections: concurrent connections accepted.
@@ -69,17 +74,27 @@ class MQTTSettings:
         auth_fail_window_ms: the failed-login counting window.
         auth_threads: PBKDF2 threads.
         auth_queue: PBKDF2 verifications waiting or running before a newcomer is refused.
+        max_session_bytes: bytes of messages one session holds, queued + in flight.
+        max_queued_bytes: bytes of queued messages of all sessions together.
+        max_write_buffer_bytes: bytes waiting to be written to one client before it is disconnected.
+        max_retained_messages: retained topics kept (``$SYS`` excluded).
+        max_retained_bytes: topic + payload bytes of retained messages kept (``$SYS`` excluded).
     """
 
     vehicle_client_id: re.Pattern[str]
     host: str
     port: int
     anonymous_role: str
+    cert_role: str
     dev_platform_login: bool
     users: tuple[UserConfig, ...]
     acl: tuple[AclRule, ...]
+    max_connect_size_bytes: int
     max_packet_size_bytes: int
     max_platform_packet_size_bytes: int
+    max_topic_levels: int
+    max_topic_length_bytes: int
+    max_subscriptions_per_client: int
     sys_interval_ms: int
     connect_timeout_ms: int
     max_connections: int
@@ -95,6 +110,11 @@ class MQTTSettings:
     auth_fail_window_ms: int
     auth_threads: int
     auth_queue: int
+    max_session_bytes: int
+    max_queued_bytes: int
+    max_write_buffer_bytes: int
+    max_retained_messages: int
+    max_retained_bytes: int
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .caps import CapCounters
 from .connection import Connection
 from .deadlines import DeadlineWheel
 from .hooks import BrokerHooks
 from .retained import RetainedStore
-from .session import Session, SessionLimits
+from .session import QueueBudget, Session, SessionLimits
 from .settings import MQTTSettings
 from .trie import SubscriptionTrie
 
@@ -39,6 +40,8 @@ class BrokerState:
         wheel_resolution_ms: granularity of connect-timeout and keepalive deadlines.
 
     Attributes:
+        limits: the bounds every session applies (:class:`SessionLimits`).
+        queue_budget: the node-wide bound on queued bytes, shared by every session.
         sessions: client id -> :class:`Session` (live and offline).
         connections: live connections (accepted, not yet lost).
         trie: subscriptions (filter -> client id -> granted QoS).
@@ -53,15 +56,16 @@ class BrokerState:
         hooked, ingest_prefix, heartbeat_prefix, forward, error_prefix: the hooks' switches, flattened
             for the per-message path.
         clients_connected ... protocol_errors: ``$SYS`` counters (see :mod:`sys_stats`).
+        caps: hits of the bounds that protect the broker from its clients (see :mod:`caps`).
     """
 
     __slots__ = (
-        "settings", "acl", "hooks", "limits", "sessions", "connections", "trie", "retained", "offline",
+        "settings", "acl", "hooks", "limits", "queue_budget", "sessions", "connections", "trie", "retained", "offline",
         "match_cache", "wheel", "dirty", "events", "wake", "drops_unreported", "now",
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
         "pub_dropped", "pub_denied", "bytes_received", "bytes_sent", "subscription_count", "acks_unknown",
-        "protocol_errors", "deliveries_denied",
+        "protocol_errors", "deliveries_denied", "caps",
     )
 
     def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None, *, now_ms: int,
@@ -70,10 +74,11 @@ class BrokerState:
         self.acl = acl
         self.hooks = hooks
         self.limits = SessionLimits.from_settings(settings)
+        self.queue_budget = QueueBudget(settings.max_queued_bytes)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(settings.max_retained_messages, settings.max_retained_bytes)
         self.offline: dict[str, None] = {}
         self.match_cache: dict[str, dict[str, int]] = {}
         self.wheel = DeadlineWheel(wheel_resolution_ms)
@@ -101,6 +106,7 @@ class BrokerState:
         self.acks_unknown = 0
         self.protocol_errors = 0
         self.deliveries_denied = 0  # messages the ACL at delivery kept from a matching subscriber
+        self.caps = CapCounters()
 
     @property
     def sessions_offline(self) -> int:

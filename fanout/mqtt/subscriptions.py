@@ -1,7 +1,9 @@
 """SUBSCRIBE and UNSUBSCRIBE of the broker core.
 
-Strategy: a filter is granted when it is valid (section 4.7) and the ACL allows it, else its SUBACK code
-is 0x80 and the reason is logged; a granted filter replaces an identical one of the same client
+Strategy: a filter is granted when it is within ``mqtt.max_topic_levels`` and ``mqtt.max_topic_length``
+(checked first, before anything splits it), valid (section 4.7), allowed by the ACL, and new filters stay
+within ``mqtt.max_subscriptions_per_client``; else its SUBACK code is 0x80 and the reason is logged (a
+bound through :mod:`caps`); a granted filter replaces an identical one of the same client
 (MQTT-3.8.4-3) in the session and in the broker's trie, which is the routing table. Any change clears the
 match cache. The SUBACK is written before the retained messages the new filters match; UNSUBACK is sent
 even when nothing matched (MQTT-3.10.4-4/5).
@@ -17,7 +19,7 @@ from .hooks import Subscribed, Unsubscribed
 from .packets import SUBACK_FAILURE, Subscribe, Unsubscribe
 from .session import Session
 from .state import BrokerState
-from .topics import InvalidTopic, validate_topic_filter
+from .topics import InvalidTopic, over_limits, validate_topic_filter
 
 log = structlog.get_logger(__name__)
 
@@ -28,6 +30,10 @@ class Subscriptions:
     def __init__(self, state: BrokerState, delivery: Delivery) -> None:
         self._st = state
         self._delivery = delivery
+        s = state.settings
+        self._max_levels = s.max_topic_levels
+        self._max_length = s.max_topic_length_bytes
+        self._max_subs = s.max_subscriptions_per_client
 
     def on_subscribe(self, conn: Connection, p: Subscribe) -> None:
         st = self._st
@@ -36,6 +42,12 @@ class Subscriptions:
         codes = []
         granted = []
         for topic_filter, qos in p.topics:
+            over = over_limits(topic_filter, self._max_levels, self._max_length)
+            if over is not None:
+                codes.append(SUBACK_FAILURE)
+                st.caps.hit(over, client_id=cid, peer=conn.peer, length=len(topic_filter),
+                            levels=topic_filter.count("/") + 1)
+                continue
             try:
                 validate_topic_filter(topic_filter)
             except InvalidTopic as exc:
@@ -45,6 +57,10 @@ class Subscriptions:
             if not st.acl.can_subscribe(conn.principal, topic_filter):
                 codes.append(SUBACK_FAILURE)
                 log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason="not authorised")
+                continue
+            if topic_filter not in s.subs and len(s.subs) >= self._max_subs:
+                codes.append(SUBACK_FAILURE)
+                st.caps.hit("subscriptions", client_id=cid, peer=conn.peer, subscriptions=len(s.subs))
                 continue
             st.trie.add(topic_filter, cid, qos)  # MQTT-3.8.4-3: replaces an identical filter
             if topic_filter not in s.subs:

@@ -73,6 +73,25 @@ def validate_topic_filter(f: str) -> None:
                     f"topic filter {f!r}: '+' must occupy an entire level (MQTT-4.7.1-3)")
 
 
+def over_limits(t: str, max_levels: int, max_bytes: int) -> str | None:
+    """Which configured limit a topic name or filter exceeds, checked before anything splits it.
+
+    Args:
+        t: a topic name or filter (valid or not).
+        max_levels: most levels allowed (``mqtt.max_topic_levels``).
+        max_bytes: most UTF-8 bytes allowed (``mqtt.max_topic_length``).
+
+    Returns:
+        ``"topic_length"``, ``"topic_levels"`` (the names of :data:`fanout.mqtt.caps.CAPS`), or None.
+    """
+    n = len(t)
+    if n > max_bytes or (n * 4 > max_bytes and not t.isascii() and len(t.encode("utf-8", "surrogatepass")) > max_bytes):
+        return "topic_length"
+    if n >= max_levels and t.count("/") >= max_levels:
+        return "topic_levels"
+    return None
+
+
 def is_wildcard_filter(f: str) -> bool:
     """True if the filter contains ``+`` or ``#`` (so it may match other topics than itself)."""
     return "+" in f or "#" in f

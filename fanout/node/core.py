@@ -14,8 +14,9 @@ tests drive the same object with the in-memory broker.
   (their tag is the ``ids`` row key) and drops. Everything else (publishes, pings, other subscriptions)
   never leaves the node.
 - Generations: the broker numbers connections per node; :class:`fanout.generations.GenerationClock` maps each
-  accepted connection to a cluster-wide increasing number, kept in ``_live`` with the shard, so later
-  events of the connection (which carry only the local number, or none) are translated by a dict lookup.
+  accepted connection to a cluster-wide id (incarnation + counter, no wall clock), kept in ``_live`` with
+  the shard, so later events of the connection (which carry only the local number, or none) are
+  translated by a dict lookup.
 - Deliveries (:meth:`apply_deliveries`): one ``Broker.deliver`` per send, QoS 1, tag = row key,
   ``require_subscription`` on; a send for a connection that is not the live one (another generation) is
   refused as NOT_CONNECTED without touching the broker. Only failures are returned.
@@ -57,6 +58,10 @@ _FAILED_MIN = DeliverStatus.NOT_CONNECTED  # NOT_CONNECTED, NOT_SUBSCRIBED, DROP
 _HEARTBEAT_SUFFIXES = ("/online", "/heartbeat")
 
 
+
+def _is_fanout_message(m: Any) -> bool:
+    return type(m.tag) is bytes  # fanout deliveries are tagged with their row key
+
 class NodeCore(BrokerHooks):
     """Hooks of one node's broker; see the module docstring.
 
@@ -66,20 +71,21 @@ class NodeCore(BrokerHooks):
         link: dispatcher calls for ingest rounds (its ``shards`` is the dispatcher count).
         on_pending: called (no arguments) when events, tickets or forwards become pending; the actor
             schedules its next flush from it.
-        clock_us: wall clock in microseconds (generations); tests inject one.
+        clock_us: wall clock in microseconds (subscription times, row timestamps); tests inject one.
+        incarnation: first incarnation of the generation clock (tests pin it; default random).
     """
 
     intercept_ingest = True
     forward_publishes = True
 
     def __init__(self, config: Any, node_id: str, link: ShardLink, *, on_pending: Callable[[], None] | None = None,
-                 clock_us: Callable[[], int] | None = None) -> None:
+                 clock_us: Callable[[], int] | None = None, incarnation: int | None = None) -> None:
         self.node_id = node_id
         self.broker: Any = None
         self.shards = int(link.shards)
         self._prefix: str = config.fanout.topic_prefix if config is not None else DEFAULT_TOPIC_PREFIX
         self.topics = DeliveryTopics(self._prefix)
-        self._gens = GenerationClock(clock_us)
+        self._gens = GenerationClock(incarnation)
         self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
@@ -344,11 +350,17 @@ class NodeCore(BrokerHooks):
         return sum(publish(topic, payload, qos, retain) for topic, payload, qos, retain in messages)
 
     def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
-        """Close connections taken over on another node.
+        """Close connections taken over on another node, and drop the fanout messages their sessions keep.
+
+        A dispatcher's kick ``(client_id, generation)`` says the client id now connects on another node: if
+        ``generation`` is live here it is closed; unless a newer connection is live here, the fanout
+        messages of the session left behind (kept if persistent) are dropped, since their rows are now
+        dispatched to the other connection (an acknowledged one would otherwise come again, with DUP=0
+        if it was still queued, should the vehicle come back here).
 
         Args:
-            kicks: :class:`fanout.records.Kick` tuples; a generation that is not the live one is ignored
-                (that connection is already gone), ``None`` kicks whatever is live.
+            kicks: :class:`fanout.records.Kick` tuples; ``None`` closes whatever is live and drops nothing
+                (an operator's kick, not a takeover).
 
         Returns:
             How many connections were closed.
@@ -359,6 +371,19 @@ class NodeCore(BrokerHooks):
             if entry is not None and (gen is None or entry[1] == gen):
                 if self.broker.kick(cid, "kicked: taken over on another node"):
                     n += 1
+                entry = None
+            if entry is None and gen is not None and self.broker is not None:
+                self._drop_fanout_messages(cid)
+        return n
+
+    def _drop_fanout_messages(self, client_id: str) -> int:
+        """Remove the messages tagged with a row key from the offline session of ``client_id``."""
+        s = self.broker.session_of(client_id)
+        if s is None or s.conn is not None:
+            return 0
+        n = s.drop_where(_is_fanout_message)
+        if n:
+            log.info("fanout messages of a session left behind dropped", client_id=client_id, messages=n)
         return n
 
     # -- ingest ---------------------------------------------------------------------------------------
@@ -406,6 +431,9 @@ class NodeCore(BrokerHooks):
             "connections": b.clients_connected if b is not None else 0,
             "sessions": len(b.sessions) if b is not None else 0,
             "subscribed_vehicles": len(self._cover),
+            "live_connections": len(self._live),
+            "queued_events": self.pending_events(),
+            "known_data_ids": self.ingest.known_data_ids,
             "acks": self.delivered,
             "deliver_failures": self.deliver_failures,
             "triggers": self.ingest.triggers_ok,

@@ -12,8 +12,15 @@ so a burst of triggers costs a few dispatcher calls, not one per trigger, and ev
    dispatcher can read the blobs of its own rows locally;
 3. checks that every data_id a trigger names exists on every shard, before anything is enqueued
    (data ids stored by this node recently are known without a call);
-4. splits each trigger's VINs by shard and sends one ``ingest`` call per involved dispatcher;
-5. reports each ticket's outcome in ticket order: ``None`` (durable: PUBACK it) or an error body (reject).
+4. checks that no trigger re-uses a request id for one of its VINs with another data id (a re-sent
+   trigger names the same one): within the round, then on the shards. The shards are asked whether they
+   know each request id (one small call per shard, made while the blobs are written), and only where one
+   does, whether the trigger's VINs there conflict. A conflicting trigger is rejected and nothing of it
+   is written. (Two conflicting triggers published at once through two nodes can still both pass the
+   check; the dispatcher refuses the second on the shards where it sees the first, so each shard holds
+   one data id per (request id, VIN) either way.)
+5. splits each trigger's VINs by shard and sends one ``ingest`` call per involved dispatcher;
+6. reports each ticket's outcome in ticket order: ``None`` (durable: PUBACK it) or an error body (reject).
 
 A dispatcher answers only after its LMDB commit (sync), so an acknowledged trigger is durable. A failed
 call (dispatcher dead, store full) rejects the tickets it carried with ``"error": "unavailable"``: the
@@ -32,16 +39,17 @@ from typing import Any, Callable, Protocol, Sequence
 import structlog
 
 from fanout.mqtt.hooks import IngestTicket
+from fanout.records import CONFLICT_PREFIX, BlobItem, IngestItem, join_vins
 from fanout.trigger import (
-    TRIGGER_TOPIC, Trigger, TriggerError, parse_data_topic, parse_trigger, validate_blob,
+    TRIGGER_TOPIC, Trigger, TriggerError, conflict_reason, parse_data_topic, parse_trigger, validate_blob,
 )
-from fanout.records import BlobItem, IngestItem, join_vins
 from storage.keys import split_by_shard
 
 log = structlog.get_logger(__name__)
 
 BIG_PAYLOAD_BYTES = 1 << 20  # parse triggers larger than this (~50,000 VINs) in a worker thread
 KNOWN_DATA_TTL_MS = 60_000  # how long a confirmed data_id is trusted without asking the shards
+KNOWN_DATA_IDS = 4096  # most data ids trusted at once (a platform may name a new data id per trigger)
 
 
 class ShardLink(Protocol):
@@ -55,6 +63,14 @@ class ShardLink(Protocol):
 
     async def has_data(self, shard: int, data_ids: list[str]) -> list[bool]:
         """Whether each data id has a blob on ``shard``."""
+        ...
+
+    async def requests_in_use(self, shard: int, request_ids: list[str]) -> list[bool]:
+        """Whether ``shard`` holds rows of each request id."""
+        ...
+
+    async def trigger_conflicts(self, shard: int, items: list[tuple]) -> list[str | None]:
+        """Per :class:`fanout.records.IngestItem`: None, or why its request id may not queue its VINs."""
         ...
 
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
@@ -79,6 +95,10 @@ class _Work:
 
 def _error_body(exc: TriggerError) -> dict[str, Any]:
     return {"error": exc.code, "field": exc.field, "reason": exc.reason, "request_id": exc.request_id}
+
+
+def _conflict(reason: str, request_id: str) -> dict[str, Any]:
+    return _error_body(TriggerError("data_id", reason, request_id=request_id))
 
 
 def _unavailable(reason: str, request_id: str | None = None) -> dict[str, Any]:
@@ -117,6 +137,20 @@ class IngestRounds:
         """Drop the known-data cache (e.g. after a GC pass deleted blobs)."""
         self._known.clear()
 
+    def _trust(self, data_id: str, until: int) -> None:
+        """Remember ``data_id`` as existing on every shard until ``until``; the cache keeps the
+        :data:`KNOWN_DATA_IDS` most recently confirmed."""
+        known = self._known
+        known.pop(data_id, None)  # re-inserted last: the dict stays ordered by trust time
+        known[data_id] = until
+        if len(known) > KNOWN_DATA_IDS:
+            del known[next(iter(known))]  # the oldest trust, the first to expire (expired ones just miss)
+
+    @property
+    def known_data_ids(self) -> int:
+        """Size of the known-data cache."""
+        return len(self._known)
+
     async def run(self, tickets: Sequence[IngestTicket]) -> list[dict[str, Any] | None]:
         """Process one round.
 
@@ -137,15 +171,23 @@ class IngestRounds:
         blobs = [w for w in work if w.data_id is not None]
         triggers = [w for w in work if w.trigger is not None]
         vins = sum(len(w.trigger.vins) for w in triggers)  # type: ignore[union-attr]
+        self._conflicts_within(triggers, outcomes)
+        in_use = asyncio.ensure_future(self._requests_in_use(triggers)) if triggers else None
         if blobs:
             await self._put_blobs(blobs, outcomes, now)
         t2 = time.perf_counter()
         if triggers:
             self._cascade(tickets, outcomes)  # a failed blob of a connection stops its later triggers
             triggers = await self._check_data([w for w in triggers if outcomes[w.index] is None], outcomes, now)
+        if in_use is not None:
+            used = await in_use
+            if triggers:
+                self._cascade(tickets, outcomes)  # so does an unknown data id
+                triggers = await self._check_conflicts([w for w in triggers if outcomes[w.index] is None],
+                                                       outcomes, used)
         t3 = time.perf_counter()
         if triggers:
-            self._cascade(tickets, outcomes)  # so does an unknown data id
+            self._cascade(tickets, outcomes)  # so does a conflict
             triggers = [w for w in triggers if outcomes[w.index] is None]
             if triggers:
                 await self._ingest(triggers, outcomes, now)
@@ -206,7 +248,7 @@ class IngestRounds:
             return
         until = now + KNOWN_DATA_TTL_MS
         for w in blobs:
-            self._known[w.data_id] = until  # type: ignore[index]
+            self._trust(w.data_id, until)  # type: ignore[arg-type]
         self.blobs_ok += len(blobs)
 
     async def _check_data(self, triggers: list[_Work], outcomes: list[Any], now: int) -> list[_Work]:
@@ -228,7 +270,7 @@ class IngestRounds:
             until = now + KNOWN_DATA_TTL_MS
             for d in unknown:
                 if d not in missing:
-                    known[d] = until
+                    self._trust(d, until)
         ok = []
         for w in triggers:
             trig = w.trigger
@@ -241,6 +283,69 @@ class IngestRounds:
             else:
                 ok.append(w)
         return ok
+
+    @staticmethod
+    def _conflicts_within(triggers: list[_Work], outcomes: list[Any]) -> None:
+        """A trigger re-using the request id of an earlier trigger of the round with another data id for
+        a common VIN is rejected (the shards have not seen the earlier one yet)."""
+        by_request: dict[str, list[_Work]] = {}
+        for w in triggers:
+            by_request.setdefault(w.trigger.request_id, []).append(w)  # type: ignore[union-attr]
+        for request_id, ws in by_request.items():
+            if len(ws) < 2 or len({w.trigger.data_id for w in ws}) < 2:  # type: ignore[union-attr]
+                continue
+            for i, w in enumerate(ws):
+                trig = w.trigger
+                assert trig is not None
+                for earlier in ws[:i]:
+                    e = earlier.trigger
+                    assert e is not None
+                    common = set(trig.vins).intersection(e.vins) if e.data_id != trig.data_id else ()
+                    if common and outcomes[earlier.index] is None:
+                        outcomes[w.index] = _conflict(conflict_reason(request_id, trig.data_id, min(common),
+                                                                      e.data_id), request_id)
+                        break
+
+    async def _requests_in_use(self, triggers: list[_Work]) -> dict[int, Any]:
+        """Per shard the triggers touch: ``{request_id: in use}``, or the exception of its call."""
+        shards = sorted({s for w in triggers for s, b in enumerate(w.buckets or ()) if b})
+        request_ids = sorted({w.trigger.request_id for w in triggers})  # type: ignore[union-attr]
+        results = await asyncio.gather(*(self._link.requests_in_use(s, request_ids) for s in shards),
+                                       return_exceptions=True)
+        return {s: r if isinstance(r, BaseException) else dict(zip(request_ids, r)) for s, r in zip(shards, results)}
+
+    async def _check_conflicts(self, triggers: list[_Work], outcomes: list[Any], used: dict[int, Any]) -> list[_Work]:
+        """Ask the shards that know a trigger's request id whether its VINs there conflict."""
+        asks: dict[int, list[_Work]] = {}
+        for w in triggers:
+            trig = w.trigger
+            assert trig is not None and w.buckets is not None
+            for shard, vins in enumerate(w.buckets):
+                if not vins:
+                    continue
+                known = used.get(shard)
+                if isinstance(known, BaseException):
+                    outcomes[w.index] = _unavailable(f"shard {shard} request check failed", trig.request_id)
+                elif known and known.get(trig.request_id):
+                    asks.setdefault(shard, []).append(w)
+        shards = list(asks)
+        calls = []
+        for s in shards:
+            items = [IngestItem.build(w.trigger.request_id, w.trigger.data_id, join_vins(w.buckets[s]), 0)  # type: ignore[union-attr,index]
+                     for w in asks[s]]
+            calls.append(self._link.trigger_conflicts(s, items))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for shard, result in zip(shards, results):
+            failed = isinstance(result, BaseException)
+            for i, w in enumerate(asks[shard]):
+                rid = w.trigger.request_id  # type: ignore[union-attr]
+                if outcomes[w.index] is not None:
+                    continue
+                if failed:
+                    outcomes[w.index] = _unavailable(f"shard {shard} conflict check failed: {result!r}", rid)
+                elif result[i] is not None:
+                    outcomes[w.index] = _conflict(result[i], rid)
+        return [w for w in triggers if outcomes[w.index] is None]
 
     async def _ingest(self, triggers: list[_Work], outcomes: list[Any], now: int) -> None:
         per_shard: dict[int, list[tuple]] = {}
@@ -271,8 +376,11 @@ class IngestRounds:
                 continue
             for w, r in zip(ws, result):
                 if isinstance(r, str) and outcomes[w.index] is None:
-                    # the shard refused it (its data_id vanished between check and write): report it
-                    outcomes[w.index] = _unavailable(r, w.trigger.request_id)  # type: ignore[union-attr]
+                    rid = w.trigger.request_id  # type: ignore[union-attr]
+                    if r.startswith(CONFLICT_PREFIX):  # a conflicting trigger came through another node meanwhile
+                        outcomes[w.index] = _conflict(r[len(CONFLICT_PREFIX):], rid)
+                    else:  # the shard refused it (its data_id vanished between check and write): report it
+                        outcomes[w.index] = _unavailable(r, rid)
         self.triggers_ok += sum(1 for w in triggers if outcomes[w.index] is None)
 
     @staticmethod

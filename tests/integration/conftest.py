@@ -333,7 +333,8 @@ def cli_broker(*args: str, timeout: float = 20.0, env: dict | None = None) -> It
 
 
 def url_port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
+    """The port of ``scheme://host:port[/path]``."""
+    return int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
 
 
 __all__ = ["RunningBroker", "RawClient", "PahoClient", "make_config", "wait_for", "cli_broker", "url_port", "Publish", "TIMEOUT"]

@@ -4,26 +4,19 @@ thread hop, and the dummy hash for unknown users (timing)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from fanout.config import UserConfig
 from fanout.mqtt.auth import AccessControl, hash_password
 from fanout.mqtt.packets import Connack, Connect
+from fanout.mqtt.peer import Peer
 from tests.unit.test_mqtt_broker import FakeClient, Net
-
-
-@dataclass
-class Peer:
-    host: str
-    port: int = 40000
-    cert_cn: str | None = None
 
 
 def client_from(net: Net, host: str) -> FakeClient:
     from fanout.mqtt.codec import PacketReader
     c = FakeClient.__new__(FakeClient)
     c.net, c.reader, c.inbox, c.closed = net, PacketReader(), [], False
-    c.conn = net.broker.connection_made(net.now, Peer(host))
+    c.conn = net.broker.connection_made(net.now, Peer(host, 40000))
     c.conn.transport = c
     return c
 

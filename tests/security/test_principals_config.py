@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fanout.config import SCHEMA, load_config, mqtt_settings
+from fanout.config import load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "cluster" / "fanout.toml"
@@ -15,8 +15,6 @@ VIN = "WVWZZZ1JZ3W386752"
 
 @pytest.fixture(scope="module")
 def acl() -> AccessControl:
-    if "tls_port" not in SCHEMA["mqtt"]:
-        pytest.skip("the TLS keys (mqtt.tls_*, cert_role) come with the transport side of issue 11")
     cfg = load_config(EXAMPLE, env={})
     assert cfg.mqtt.anonymous_role == "none" and cfg.mqtt.tls_client_auth == "required" and cfg.mqtt.tls_port
     assert not [u for u in cfg.users.values() if u.role == "vehicle"]  # no shared fleet password

@@ -5,7 +5,6 @@ a client id names a vehicle only for the vehicle principal, and a verified certi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pytest
 
@@ -14,6 +13,7 @@ from fanout.mqtt.auth import hash_password
 from fanout.mqtt.connection import CONNECTED
 from fanout.mqtt.hooks import ClientConnected, RecordingHooks
 from fanout.mqtt.packets import Connack, Connect, Publish
+from fanout.mqtt.peer import Peer
 from tests.unit.test_mqtt_broker import FakeClient, Net, pubs
 
 VIN = "WVW0000000000001"
@@ -38,19 +38,10 @@ def login(net: Net, cid: str, user: str | None, clean: bool = True) -> tuple[Fak
     return c, c.connect(cid, clean=clean, username=user, password=pw)
 
 
-@dataclass
-class CertPeer:
-    """What the TLS listener hands to ``connection_made``: the address and the verified certificate's CN."""
-
-    host: str
-    port: int
-    cert_cn: str | None
-
-
 def cert_client(net: Net, cn: str | None) -> FakeClient:
     c = FakeClient.__new__(FakeClient)
     c.net = net
-    c.conn = net.broker.connection_made(net.now, CertPeer("127.0.0.1", 50001, cn))
+    c.conn = net.broker.connection_made(net.now, Peer("127.0.0.1", 50001, cn, "mqtts"))
     c.conn.transport = c
     from fanout.mqtt.codec import PacketReader
     c.reader, c.inbox, c.closed = PacketReader(), [], False

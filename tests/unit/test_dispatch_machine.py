@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from fanout.dispatcher.machine import Delete, Row, Send, VinDispatcher
+from fanout.dispatcher.machine import VinDispatcher
+from fanout.dispatcher.state import Delete, Row, Send
 from fanout.dispatcher.rows import TickRows
 
 
@@ -170,7 +171,7 @@ def test_disconnect_of_unseen_newer_generation_fences_its_late_connect(d: VinDis
     online(d, gen=1)
     d.on_disconnect("V1", 3)
     assert d.on_connect("V1", "A", 3, session_present=False) == []
-    assert d.vehicle("V1").node is None and d.stats().connected == 0
+    assert d.vehicle("V1") is None and d.stats().connected == 0  # offline, nothing pending: dropped (Rule 6)
 
 
 def test_disconnect_clears_inflight_and_row_is_resent_after_reconnect_heartbeat(
@@ -180,7 +181,7 @@ def test_disconnect_clears_inflight_and_row_is_resent_after_reconnect_heartbeat(
     online(d)
     d.on_heartbeat("V1", 1)
     d.on_disconnect("V1", 1)
-    assert d.vehicle("V1").inflight is None and d.stats().inflight == 0
+    assert d.vehicle("V1") is None and d.stats().inflight == 0  # the send was never drained: nothing pending
     online(d, node="B", gen=2)
     assert sends(d.on_heartbeat("V1", 2)) == [Send("V1", "B", 2, r1)]
 
@@ -253,7 +254,7 @@ def test_node_down_disconnects_its_vehicles(d: VinDispatcher, rows: MemoryRows) 
     rows.add("V1", "r1")
     d.on_batch(["V1"])
     d.on_node_down("A")
-    assert d.vehicle("V1").node is None and d.vehicle("V2").node == "B"
+    assert d.vehicle("V1") is None and d.vehicle("V2").node == "B"
     assert d.drain_actions(now_ms=0).sends == {}
     assert (d.stats().connected, d.stats().inflight) == (1, 0)
 
@@ -262,7 +263,7 @@ def test_discard_row_sends_next(d: VinDispatcher, rows: MemoryRows) -> None:
     r1, r2 = rows.add("V1", "r1"), rows.add("V1", "r2")
     online(d)
     d.on_heartbeat("V1", 1)
-    assert d.discard_row("V1", r1.key) == [Delete("V1", r1.key), Send("V1", "A", 1, r2)]
+    assert d.discard_row("V1", r1.key) == [Delete("V1", r1.key, discarded=True), Send("V1", "A", 1, r2)]
     assert d.stats().delivered == 0
 
 
@@ -536,3 +537,63 @@ def test_dup_only_when_the_row_may_have_reached_the_vehicle(rows: MemoryRows) ->
     online(d, gen=2)
     (again,) = sends(d.on_heartbeat("V1", 2))
     assert (again.row, again.dup) == (new, True)
+
+
+# ---- Rule 6: state lives while something is pending ---------------------------------------------------
+
+def test_a_vin_that_leaves_with_nothing_pending_leaves_only_its_fence(d: VinDispatcher) -> None:
+    online(d, gen=5)
+    d.on_heartbeat("V1", 5)  # nothing queued: nothing sent
+    d.on_disconnect("V1", 5)
+    assert d.vehicle("V1") is None and (d.stats().vehicles, d.stats().fenced) == (0, 1)
+    assert d.on_connect("V1", "A", 5, session_present=False) == []  # the closed connection, reported late
+    assert d.vehicle("V1") is None and d.stats().stale_events == 1
+    d.on_disconnect("V1", 4)  # an older one: stale, creates nothing
+    assert d.on_disconnect("V9", 3) == [] and d.vehicle("V9") is None  # unknown VIN: remembered only
+    online(d, gen=6)
+    assert d.vehicle("V1").node == "A" and d.stats().fenced == 1  # V9's fence
+
+
+def test_states_kept_while_a_delete_or_an_unacknowledged_send_is_pending(d: VinDispatcher, rows: MemoryRows) -> None:
+    r1 = rows.add("V1", "r1")
+    online(d)
+    d.on_heartbeat("V1", 1)
+    d.drain_actions(now_ms=1)  # handed to node A
+    d.on_puback("V1", 1, r1.key)
+    d.on_disconnect("V1", 1)
+    assert d.vehicle("V1").deleting == {r1.key}  # its delete is not durable yet
+    deletes = d.drain_actions(now_ms=2).deletes
+    rows.delete("V1", r1.key)
+    d.on_deleted(deletes)
+    assert d.vehicle("V1") is None
+    r2 = rows.add("V1", "r2")
+    online(d, gen=2)
+    d.on_heartbeat("V1", 2)
+    d.drain_actions(now_ms=3)
+    d.on_disconnect("V1", 2)  # before its PUBACK
+    assert d.vehicle("V1").attempted == r2.key
+    online(d, gen=3)
+    assert sends(d.on_heartbeat("V1", 3)) == [Send("V1", "A", 3, r2, dup=True)]
+
+
+def test_the_fence_is_bounded(d: VinDispatcher, monkeypatch) -> None:
+    import fanout.dispatcher.machine as machine
+
+    monkeypatch.setattr(machine, "FENCE_SIZE", 3)
+    for i in range(10):
+        online(d, vin=f"V{i}", gen=i + 1)
+        d.on_disconnect(f"V{i}", i + 1)
+    assert d.stats().fenced == 3 and d.stats().vehicles == 0
+
+
+def test_after_an_ack_the_next_row_older_than_the_start_is_not_dup(rows: MemoryRows) -> None:
+    """One in flight per VIN: only the oldest row can have been out under a predecessor, so once this
+    dispatcher has sent (and had acknowledged) a row, the next old row goes out with DUP=0."""
+    old1, old2 = rows.add("V1", "old1"), rows.add("V1", "old2")
+    d = VinDispatcher(rows, started_ms=10)
+    online(d)
+    (first,) = sends(d.on_heartbeat("V1", 1))
+    assert (first.row, first.dup) == (old1, True)
+    d.drain_actions(now_ms=0)
+    (second,) = sends(d.on_puback("V1", 1, old1.key))
+    assert (second.row, second.dup) == (old2, False)

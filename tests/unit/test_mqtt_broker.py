@@ -828,25 +828,38 @@ def test_connect_and_garbage_in_one_chunk(net):
 
 def test_connection_state_machine():
     from fanout.mqtt.connection import CONNECTING, Connection
-    from fanout.mqtt.errors import PacketTooLarge, ProtocolError
+    from fanout.mqtt.errors import NotConnectFirst, PacketTooLarge, ProtocolError
 
     c = Connection(1024)
     assert c.state is CONNECTING
     data = encode(Connect("a")) + encode(Pingreq())
     assert c.receive_data(data[:5]) == []
-    assert c.receive_data(data[5:]) == [Connect("a"), Pingreq()]
+    assert c.receive_data(data[5:]) == [Connect("a")]  # only the CONNECT while CONNECTING
+    assert c.buffered == 2  # the PINGREQ waits, undecoded
+    assert c.receive_data(encode(Pingreq())) == [] and c.buffered == 4  # authentication still running
     assert c.send(Connack(False, 0)) == b"\x20\x02\x00\x00" and c.state is CONNECTED
+    assert c.receive_data(b"") == [Pingreq(), Pingreq()]
     with pytest.raises(ProtocolError) as exc:
         c.receive_data(encode(Pingreq()) + encode(Connect("a")))
     assert exc.value.packets == [Pingreq()] and c.state is ERROR
     assert c.receive_data(encode(Pingreq())) == []  # ignored once failed
     c2 = Connection(1024)
-    with pytest.raises(ProtocolError, match="MQTT-3.1.0-1"):
-        c2.receive_data(encode(Pingreq()))
-    c3 = Connection(64)
+    with pytest.raises(NotConnectFirst, match="MQTT-3.1.0-1"):
+        c2.receive_data(b"\x30")  # refused at the first byte of a PUBLISH
+    assert c2.state is ERROR
+    c3 = Connection(1 << 20, max_connect_size=64)
     with pytest.raises(PacketTooLarge):
-        c3.receive_data(encode(Connect("a")) + b"\x30\xff\x01")
-    assert c3.connect_seen and c3.buffered == 0
+        c3.receive_data(b"\x10\x41")  # a CONNECT header announcing 65 bytes, over the CONNECT cap
+    c3b = Connection(64)  # after CONNACK, a packet over max_packet_size
+    c3b.receive_data(encode(Connect("a")) + b"\x30\xff\x01")
+    c3b.send(Connack(False, 0))
+    with pytest.raises(PacketTooLarge):
+        c3b.receive_data(b"")
+    assert c3b.connect_seen
+    c3c = Connection(1 << 20, max_connect_size=64)  # the connected limit applies after CONNACK
+    c3c.receive_data(encode(Connect("a")) + encode(Publish("t", b"x" * 1000)))
+    c3c.send(Connack(False, 0))
+    assert c3c.receive_data(b"") == [Publish("t", b"x" * 1000)]
     c4 = Connection(1024)
     c4.receive_data(encode(Connect("b")))
     assert c4.send(Connack(False, 5)) and c4.state is CLOSED

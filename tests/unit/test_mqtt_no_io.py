@@ -22,9 +22,9 @@ import fanout.mqtt
 ROOT = Path(fanout.mqtt.__file__).parent
 PACKAGE = "fanout.mqtt"
 MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
-IO_MODULES = {"aio"}  # the asyncio adapter
+IO_MODULES = {"aio", "tls"}  # the asyncio adapter and its SSLContext builder
 FORBIDDEN_IN_CORE = {"asyncio", "socket", "ray", "selectors", "ssl", "uvloop"}
-THIRD_PARTY_ALLOWED = {"structlog"}
+THIRD_PARTY_ALLOWED = {"structlog", "wsproto"}  # wsproto: sans-I/O WebSocket (websocket.py)
 OPTIONAL = {"uvloop", "psutil"}  # imported inside try/except with a fallback (event loop, RSS for $SYS)
 
 

@@ -48,6 +48,14 @@ class FakeLink(LocalShardLink):
         self.calls.append(("has_data", shard))
         return await super().has_data(shard, data_ids)
 
+    async def requests_in_use(self, shard, request_ids):
+        self.calls.append(("requests_in_use", shard))
+        return await super().requests_in_use(shard, request_ids)
+
+    async def trigger_conflicts(self, shard, items):
+        self.calls.append(("trigger_conflicts", shard))
+        return await super().trigger_conflicts(shard, items)
+
     async def ingest(self, shard, items):
         self.calls.append(("ingest", shard))
         return await super().ingest(shard, items)
@@ -206,11 +214,6 @@ def test_delivery_topics_for_any_prefix():
     assert DeliveryTopics().filter("VIN1") == "agent/VIN1/proxy/request/+"
 
 
-def test_generation_clock_strictly_increases_even_when_the_clock_stalls():
-    g = GenerationClock(lambda: 5)
-    assert [g.next(), g.next(), g.next()] == [5, 6, 7]
-
-
 # -- event translation ------------------------------------------------------------------------------------
 
 async def test_connect_subscribe_heartbeat_become_dispatcher_events(cluster):
@@ -223,7 +226,7 @@ async def test_connect_subscribe_heartbeat_become_dispatcher_events(cluster):
     v.send(Unsubscribe(3, ("agent/V1/#",)))
     events = cluster.edge.take_events()[shard_of("V1", 2)]
     gen = cluster.edge.generation_of("V1")
-    assert events[1][4] > gen  # the subscription time, after the connection's
+    assert events[1][4] >= 10**15  # the subscription time: the injected wall clock
     assert [read_event(e) for e in events] == [
         ConnectEvent(EV_CONNECT, "V1", gen, False, False, None),
         SubscribedEvent(EV_SUBSCRIBED, "V1", gen, True, events[1][4]),
@@ -256,8 +259,10 @@ async def test_realtime_batch_is_puback_ed_after_durable_write_then_delivered(cl
     await cluster.pump()
     assert cluster.pending() == 0
     assert sum(c.stats()["delivered"] for c in cluster.cores) == 6
-    # every shard got the blob in one call, the trigger in one call per involved shard
-    assert sorted(cluster.link.calls) == [("ingest", 0), ("ingest", 1), ("put_blobs", 0), ("put_blobs", 1)]
+    # every shard got the blob in one call, the trigger in one call per involved shard, and the request
+    # check (new request id: no conflict check follows) in one call per involved shard
+    assert sorted(cluster.link.calls) == [("ingest", 0), ("ingest", 1), ("put_blobs", 0), ("put_blobs", 1),
+                                          ("requests_in_use", 0), ("requests_in_use", 1)]
 
 
 async def test_one_in_flight_per_vehicle_oldest_first_next_after_puback(cluster):
@@ -418,19 +423,21 @@ async def test_restarted_shard_sends_pending_rows_to_resynced_vehicles(cluster, 
 
 # -- takeover registry (DispatcherCore) -----------------------------------------------------------------------------
 
-def test_registry_kicks_the_older_connection_on_the_other_node(tmp_path):
+def test_registry_kicks_the_connection_reported_earlier_on_another_node(tmp_path):
+    a, b, c = (GenerationClock(incarnation=i).next() for i in (30, 20, 10))  # three node processes
     with ShardStore(tmp_path / "s", 0, sync=False) as store:
         core = DispatcherCore(store, 0, 1)
-        core.apply_events("A", [ConnectEvent.build("V1", 10, False, False, None)])
-        core.apply_events("B", [ConnectEvent.build("V1", 20, False, False, None)])
-        assert core.take_node_batch("A") == ([], {}, [("V1", 10)])
+        core.apply_events("A", [ConnectEvent.build("V1", a, False, False, None)])
+        core.apply_events("B", [ConnectEvent.build("V1", b, False, False, None)])
+        assert core.take_node_batch("A") == ([], {}, [("V1", a)])
         assert core.vd.vehicle("V1").node == "B"
-        # a late connect report of an even older connection elsewhere is kicked itself
-        core.apply_events("C", [ConnectEvent.build("V1", 5, False, False, None)])
-        assert core.take_node_batch("C") == ([], {}, [("V1", 5)])
-        assert core.vd.vehicle("V1").node == "B"
-        core.apply_events("A", [DisconnectEvent.build("V1", 10)])
-        assert core.vd.vehicle("V1").node == "B"
+        # across nodes the generations carry no order (fanout.generations): the later report wins, even
+        # when it is a delayed report of an older connection (its client reconnects once more)
+        core.apply_events("C", [ConnectEvent.build("V1", c, False, False, None)])
+        assert core.take_node_batch("B") == ([], {}, [("V1", b)])
+        assert core.vd.vehicle("V1").node == "C"
+        core.apply_events("A", [DisconnectEvent.build("V1", a)])
+        assert core.vd.vehicle("V1").node == "C"
 
 
 # -- forwarding -------------------------------------------------------------------------------------------------
@@ -469,3 +476,45 @@ def test_a_connection_is_reported_as_a_vehicle_only_when_its_principal_is_that_v
     assert [f[0] for f in failures] == ["V7"]  # refused as not connected, never handed to the broker
     edge.on_events([Connected("V8", 2, False, "fleet", "vehicle", (), (), True)])
     assert sum(len(v) for v in edge.take_events().values()) == 1
+
+
+# -- request ids re-used with another data id -------------------------------------------------------------
+
+async def rejected_conflict(c: Cluster, ids, request_id: str, data_id: str, cid: str) -> dict:
+    p = c.platform(cid)
+    p.subscribe(f"$SDV-FANOUT/errors/{cid}")
+    p.send(Publish("$SDV-FANOUT/trigger", trigger(ids, request_id, data_id), 1, False, False, 9))
+    await c.pump()
+    assert p.closed and p.acks() == []
+    (error,) = p.publishes()
+    return json.loads(error.payload)
+
+
+async def test_a_request_id_reused_with_another_data_id_is_rejected_and_writes_nothing(cluster):
+    vins = [f"C{i}" for i in range(8)]  # over both shards
+    await publish_batch(cluster, vins, "r1", "dA", blob=b"A")
+    p = await publish_batch(cluster, ["Z1"], "other", "dB", blob=b"B")
+    p.drop()
+    seqs = [s.applied_seq for s in cluster.stores]
+    body = await rejected_conflict(cluster, vins, "r1", "dB", "platform-2")
+    assert body["error"] == "invalid_trigger" and body["field"] == "data_id" and body["request_id"] == "r1"
+    assert "'dA'" in body["reason"] and "'dB'" in body["reason"]  # names the conflict
+    # only C0 is known on its shard with dA: the trigger is rejected whole, the other shard writes nothing
+    body = await rejected_conflict(cluster, ["C0", "FRESH1", "FRESH2", "FRESH3"], "r1", "dB", "platform-3")
+    assert "'C0'" in body["reason"]
+    assert [s.applied_seq for s in cluster.stores] == seqs
+    await publish_batch(cluster, vins, "r1", "dA", blob=b"A", pid=20)  # the same trigger again: accepted
+    await publish_batch(cluster, ["C90"], "r1", "dB", blob=b"B", pid=30)  # no common VIN: accepted
+    assert cluster.pending() == len(vins) + 2
+
+
+async def test_conflicting_triggers_in_one_round_keep_the_first(cluster):
+    p = cluster.platform()
+    p.send(Publish("$SDV-FANOUT/data/dA", b"A", 1, False, False, 1),
+           Publish("$SDV-FANOUT/data/dB", b"B", 1, False, False, 2),
+           Publish("$SDV-FANOUT/trigger", trigger(["V1", "V2"], "r1", "dA"), 1, False, False, 3),
+           Publish("$SDV-FANOUT/trigger", trigger(["V2", "V3"], "r1", "dB"), 1, False, False, 4))
+    await cluster.pump()
+    assert p.acks() == [1, 2, 3] and p.closed
+    assert cluster.pending() == 2
+    assert {s.get_req("r1", "V2")["data_id"] for s in cluster.stores if s.get_req("r1", "V2")} == {"dA"}

@@ -183,7 +183,7 @@ def test_call_failed_reads_the_deliveries_of_the_failed_call(pair):
 
 async def test_ingest_items_and_blob_items_from_the_rounds_are_what_the_dispatcher_core_reads(pair):
     node, core, broker = pair
-    seen: dict[str, list] = {"put_blobs": [], "ingest": []}
+    seen: dict[str, list] = {"put_blobs": [], "ingest": [], "trigger_conflicts": []}
     link = node.ingest._link
 
     class PackingLink:
@@ -195,6 +195,13 @@ async def test_ingest_items_and_blob_items_from_the_rounds_are_what_the_dispatch
 
         async def has_data(self, shard, data_ids):
             return await link.has_data(shard, data_ids)
+
+        async def requests_in_use(self, shard, request_ids):
+            return await link.requests_in_use(shard, roundtrip(request_ids))
+
+        async def trigger_conflicts(self, shard, items):
+            seen["trigger_conflicts"] += items
+            return await link.trigger_conflicts(shard, roundtrip(items))
 
         async def ingest(self, shard, items):
             seen["ingest"] += items
@@ -211,6 +218,11 @@ async def test_ingest_items_and_blob_items_from_the_rounds_are_what_the_dispatch
     assert (blob.data_id, blob.blob) == ("d1", b"BLOB")
     assert (item.request_id, item.data_id, sorted(item.joined_vins.split("\n"))) == ("r1", "d1", ["V1", "V2"])
     assert core.store.pending_count("V1") == core.store.pending_count("V2") == 1
+    plat.send(Publish("$SDV-FANOUT/trigger", body, 1, False, False, 3))  # re-sent: its request id is known
+    await node.process_ingest()
+    (check,) = [IngestItem(*i) for i in seen["trigger_conflicts"]]
+    assert (check.request_id, check.data_id, sorted(check.joined_vins.split("\n"))) == ("r1", "d1", ["V1", "V2"])
+    assert core.store.pending_count() == 2  # nothing queued twice
 
 
 def test_forwards_from_the_route_table_are_what_the_peer_node_core_delivers(pair):
