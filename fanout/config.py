@@ -146,6 +146,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_connections": Field("max_connections", 1_000_000, _int(1), "concurrent connections per listener process"),
         "listeners_per_node": Field("listeners_per_node", 1, _int(1, 64), "MQTT listener processes per Ray node sharing the port (SO_REUSEPORT); each holds at most RLIMIT_NOFILE connections"),
         "dev_platform_login": Field("dev_platform_login", True, _bool, "platform/platform login on loopback when no users are configured"),
+        "auth_fail_limit_per_host": Field("auth_fail_limit_per_host", 20, _int(1), "failed logins from one address per auth_fail_window before its password logins are refused (CONNACK 3)"),
+        "auth_fail_limit_total": Field("auth_fail_limit_total", 200, _int(1), "failed logins overall per auth_fail_window before password logins needing a hash are refused"),
+        "auth_fail_window": Field("auth_fail_window_ms", "60s", _duration(1000), "window for counting failed logins"),
+        "auth_threads": Field("auth_threads", 1, _int(1, 16), "threads running PBKDF2 verifications (cache hits need none)"),
+        "auth_queue": Field("auth_queue", 32, _int(1, 100_000), "PBKDF2 verifications waiting or running before a newcomer is refused (CONNACK 3)"),
     },
     "fanout": {
         "topic_prefix": Field("topic_prefix", "agent/{VIN}/proxy/request", _topic_prefix, "delivery topic is <prefix>/<request_id>"),

@@ -441,7 +441,7 @@ class MQTTServer:
         transport = conn.transport
         if transport is not None:
             transport.pause_reading()  # nothing more is read from a client until it is authenticated
-        fut = loop.run_in_executor(None, fn)
+        fut = loop.run_in_executor(getattr(self.acl, "login_executor", None), fn)  # bounded PBKDF2 pool
 
         def done(f: asyncio.Future) -> None:
             exc = f.exception()

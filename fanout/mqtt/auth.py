@@ -1,10 +1,11 @@
-"""Authentication (salted PBKDF2 password hashes) and topic access control for the MQTT broker.
+"""Authentication (passwords, certificate CNs) and topic access control for the MQTT broker.
 
-Strategy:
+Strategy (the principals and the trust model they serve are described in :mod:`fanout.mqtt.principals`):
 
-- Passwords are stored as ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>`` (``fanout passwd`` makes
-  them). Every hash in the config is parsed when :class:`AccessControl` is built, so a malformed one stops
+- Passwords are stored as ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>`` (:mod:`passwords`). Every
+  hash in the config is parsed when :class:`AccessControl` is built, so a malformed one stops
   start-up with ``users.<name>.password_hash: ...`` instead of silently refusing that user later.
+- A verified client certificate authenticates its CN (:meth:`AccessControl.authenticate_certificate`).
 - PBKDF2 at 600,000 iterations costs ~0.2-0.3 s of CPU by design, and a fleet of 10,000 vehicles sharing
   one credential may reconnect at once. Successful verifications are therefore cached in memory, keyed by
   ``HMAC-SHA256(k, username, password)`` where ``k`` is 32 random bytes drawn per ``AccessControl``
@@ -15,112 +16,59 @@ Strategy:
   The remaining exposure is a memory dump of the live process, which yields ``k`` and the digests of
   recently used passwords (fast to brute force, unlike PBKDF2); whoever can dump the broker's memory can
   also read passwords from its socket buffers, so the cache does not widen that threat.
-  Failed attempts are never cached as success; the last failed digest per known user is remembered, so
-  a client retrying one wrong password costs one PBKDF2 run, not one per connect. Concurrent misses for
-  the same credential (threads) share one PBKDF2 run. A miss blocks the calling thread for the whole
-  PBKDF2 run: an asyncio caller should run ``authenticate`` in an executor.
+  Failed attempts are never cached as success; the last failed digest per user name (known or not, the
+  unknown ones bounded) is remembered, so a client retrying one wrong password costs one PBKDF2 run, not
+  one per connect. An unknown user name costs a PBKDF2 run against an unmatchable hash of the same
+  iteration count, so timing does not reveal which users exist. Concurrent misses for the same credential
+  (threads) share one PBKDF2 run. :meth:`AccessControl.authenticate_cached` answers what needs no PBKDF2
+  on the caller's thread; the rest blocks its thread for the whole run, so the broker runs it in the
+  bounded pool of :mod:`login_guard`.
 - Authorisation: the extra ``[[acl]]`` rules in file order, first match decides; otherwise the role's
   built-in policy (DESIGN.md "MQTT contract"). Publishing to ``$SYS/#`` is refused to everyone but admin
-  before any rule is consulted. Publish decisions are cached per (principal, topic) in a dict bounded by
-  entries and by the bytes of its keys (cleared when either is full: a client publishing to many long
-  topics cannot grow it), since publish checks sit on the per-message hot path.
+  before any rule is consulted; outside development mode so are reading ``agent/X/#`` and publishing
+  ``ecp/X/#`` to everyone but the vehicle of X (and admin). Publish decisions are cached per (principal,
+  topic) in a dict bounded by entries and by the bytes of its keys (cleared when either is full: a client
+  publishing to many long topics cannot grow it), since publish checks sit on the per-message hot path.
+- ACL at delivery (:meth:`AccessControl.can_read`): the subscribe rules and role policy applied to the
+  topic name of each message a session is given, cached per (principal, topic) the same way; a vehicle's
+  own delivery topics skip the cache when no rule can apply there (each request id is a new topic).
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import ipaddress
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 import structlog
 
+from .login_guard import LoginGuard
+from .passwords import (
+    DEFAULT_ITERATIONS, HASH_SCHEME, check_password_hashes, hash_password, parse_password_hash, unmatchable_hash,
+    verify_password,
+)
+from .principals import Principal
 from .settings import AclRule, ConfigError, MQTTSettings, UserConfig
 from .topics import InvalidTopic, topic_matches, validate_topic_filter
 
 log = structlog.get_logger(__name__)
 
-HASH_SCHEME = "pbkdf2_sha256"
-DEFAULT_ITERATIONS = 600_000
 CONNACK_BAD_CREDENTIALS = 4
 CONNACK_NOT_AUTHORISED = 5
 DEV_PLATFORM_USER = "platform"
 DEV_PLATFORM_PASSWORD = b"platform"
 _SYS = "$SYS"
 _FANOUT = "$SDV-FANOUT"
+_AGENT = "agent"  # the vehicles' inbox (fanout.topic_prefix default agent/{VIN}/proxy/request)
+_ECP = "ecp"  # what vehicles report (ecp/<VIN>/online, heartbeat, ...)
 
 
-def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS) -> str:
-    """Hash a password with PBKDF2-HMAC-SHA256 and a 16-byte random salt.
-
-    Args:
-        password: the plaintext password (encoded as UTF-8, as MQTT clients send it).
-        iterations: PBKDF2 iteration count.
-
-    Returns:
-        ``pbkdf2_sha256$<iterations>$<salt b64>$<hash b64>``.
-
-    Raises:
-        ValueError: iterations < 1.
-    """
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    salt = secrets.token_bytes(16)
-    dk = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
-    return f"{HASH_SCHEME}${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
-
-
-def parse_password_hash(encoded: str) -> tuple[int, bytes, bytes]:
-    """Split an encoded hash into (iterations, salt, derived key).
-
-    Raises:
-        ValueError: the encoding is malformed; the message says what is wrong.
-    """
-    parts = encoded.split("$")
-    if len(parts) != 4 or parts[0] != HASH_SCHEME:
-        raise ValueError(f"expected {HASH_SCHEME}$<iterations>$<salt>$<hash>")
-    if not (parts[1].isascii() and parts[1].isdigit()) or int(parts[1]) < 1:
-        raise ValueError(f"iterations must be a positive integer, got {parts[1]!r}")
-    try:
-        salt = base64.b64decode(parts[2], validate=True)
-        dk = base64.b64decode(parts[3], validate=True)
-    except ValueError:
-        raise ValueError("salt and hash must be base64") from None
-    if not salt or len(dk) < 16:
-        raise ValueError("salt is empty or hash is shorter than 16 bytes")
-    return int(parts[1]), salt, dk
-
-
-def verify_password(password: bytes | str, encoded: str) -> bool:
-    """Check a password against an encoded hash in constant time.
-
-    Args:
-        password: the password as received (bytes) or typed (str, encoded as UTF-8).
-        encoded: a hash made by :func:`hash_password`.
-
-    Returns:
-        True when the password matches; False when it does not or the encoding is malformed
-        (malformed hashes are reported at config load by :func:`check_password_hashes`).
-    """
-    try:
-        iterations, salt, expected = parse_password_hash(encoded)
-    except ValueError:
-        return False
-    pw = password.encode("utf-8") if isinstance(password, str) else password
-    return hmac.compare_digest(hashlib.pbkdf2_hmac("sha256", pw, salt, iterations, len(expected)), expected)
-
-
-def check_password_hashes(users: Mapping[str, UserConfig]) -> None:
-    """Raise ConfigError naming the first user whose password_hash does not parse."""
-    for name, user in users.items():
-        try:
-            parse_password_hash(user.password_hash)
-        except ValueError as exc:
-            raise ConfigError(f"users.{name}.password_hash: {exc} (create one with `fanout passwd`)") from None
+def _under(topic: str, first_level: str) -> bool:
+    """True when ``topic`` (a name or filter) is ``first_level`` or below it."""
+    return topic == first_level or topic.startswith(first_level + "/")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -169,15 +117,6 @@ def filter_covers(outer: str, inner: str) -> bool:
     return len(i) == len(o)
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """An authenticated connection: who it is (None = anonymous), its role and its client id."""
-
-    username: str | None
-    role: str
-    client_id: str
-
-
 class _Flight:
     """One PBKDF2 verification in progress; concurrent callers with the same credential wait on it."""
 
@@ -188,6 +127,16 @@ class _Flight:
         self.ok = False
 
 
+class _DecisionCache:
+    """Cached decisions and the bytes of client ids and topics their keys hold."""
+
+    __slots__ = ("entries", "bytes")
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str | None, str, str, str], bool] = {}
+        self.bytes = 0
+
+
 class AccessControl:
     """Authenticates CONNECTs and decides publish/subscribe permissions from one immutable config.
 
@@ -195,8 +144,8 @@ class AccessControl:
         settings: the MQTT settings (users, acl, anonymous_role, dev_platform_login, vehicle_client_id).
         listener_is_loopback: whether the MQTT listener binds a loopback address only.
         auth_cache_size: successful verifications remembered (LRU).
-        decision_cache_size: cached publish decisions (cleared when full).
-        decision_cache_bytes: bytes of client ids and topics in the decision cache (cleared when over).
+        decision_cache_size: cached publish (and, apart, read) decisions (cleared when full).
+        decision_cache_bytes: bytes of client ids and topics in each decision cache (cleared when over).
 
     Raises:
         ConfigError: a non-loopback listener without users, a malformed password hash, an invalid
@@ -217,19 +166,44 @@ class AccessControl:
         check_password_hashes(self._users)
         self._anonymous_role: str = settings.anonymous_role
         self._vehicle_client_id = settings.vehicle_client_id
-        self._dev_login = bool(not self._users and listener_is_loopback and settings.dev_platform_login)
+        # Development mode: a loopback listener with no users. Outside it the principal rules of the module
+        # docstring hold; inside it an anonymous client may act as the vehicle its client id names.
+        self.dev_mode = bool(not self._users and listener_is_loopback)
+        self._dev_login = bool(self.dev_mode and settings.dev_platform_login)
+        # role of a verified client certificate whose CN names no configured user (mqtt.cert_role)
+        self._cert_role: str = settings.cert_role
         self._publish_rules = self._compile_rules(settings.acl, "publish")
         self._subscribe_rules = self._compile_rules(settings.acl, "subscribe")
+        # whether some subscribe rule could apply to a vehicle under agent/ (then can_read has no shortcut there)
+        vehicle_roles = ("vehicle", self._anonymous_role) if self.dev_mode else ("vehicle",)
+        self._rules_reach_vehicles = any(
+            r.topic.split("/", 1)[0] in (_AGENT, "+", "#") and (r.role is None or r.role in vehicle_roles)
+            and (r.user is None or getattr(self._users.get(r.user), "role", None) == "vehicle")
+            for r in self._subscribe_rules)
         self._key = secrets.token_bytes(32)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._last_failure: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._pending: dict[bytes, _Flight] = {}
         self._auth_cache_size = auth_cache_size
-        self._decisions: dict[tuple[str | None, str, str, str], bool] = {}
+        self._decisions = _DecisionCache()  # publish
+        self._reads = _DecisionCache()  # read at delivery
         self._decision_cache_size = decision_cache_size
         self._decision_cache_bytes = decision_cache_bytes
-        self._decision_bytes = 0
+        # An unknown user name costs the same PBKDF2 run as a known one (against this hash, which matches
+        # nothing), so the answer time does not tell which users exist.
+        dummy_iterations = max((parse_password_hash(u.password_hash)[0] for u in self._users.values()),
+                               default=DEFAULT_ITERATIONS)
+        dummy_hash = unmatchable_hash(dummy_iterations)
+        self._dummy = UserConfig("", dummy_hash, "none")
+        self._unknown_failures: dict[str, bytes] = {}  # bounded like _last_failure is by the user count
+        self.guard = LoginGuard(
+            limit_per_host=getattr(settings, "auth_fail_limit_per_host", 20),
+            limit_total=getattr(settings, "auth_fail_limit_total", 200),
+            window_ms=getattr(settings, "auth_fail_window_ms", 60_000),
+            threads=getattr(settings, "auth_threads", 1), queue=getattr(settings, "auth_queue", 32),
+        )
+        self.login_executor = self.guard.executor
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
         self.auth_cache_hits = 0
         self.auth_failures = 0  # refused authentications (bad credentials, not authorised): metrics
@@ -256,19 +230,24 @@ class AccessControl:
 
     # -- authentication ------------------------------------------------------------------------
 
-    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> Principal | int:
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None,
+                     cert_cn: str | None = None) -> Principal | int:
         """Authenticate one CONNECT.
 
         Args:
             client_id: the client identifier (as assigned, for a zero-length one).
             username: the CONNECT user name, or None when the flag is not set.
             password: the CONNECT password, or None when the flag is not set.
+            cert_cn: the subject CN of the connection's verified client certificate, or None.
 
         Returns:
             The Principal, or a CONNACK return code: 4 (bad user name or password) for an unknown
             user, a wrong password or a password without user name; 5 (not authorised) for anonymous
-            clients when ``anonymous_role`` is ``none`` and for a vehicle whose client id is not a VIN.
+            clients when ``anonymous_role`` is ``none``, for a vehicle whose client id is not a VIN
+            (or, with a certificate, not its CN) and for a user name that is not the certificate's CN.
         """
+        if cert_cn is not None:
+            return self.authenticate_certificate(client_id, username, cert_cn)
         if username is None:
             if password is not None:
                 return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, None, "password without user name")
@@ -280,20 +259,65 @@ class AccessControl:
             if self._dev_login and username == DEV_PLATFORM_USER and password is not None:
                 if hmac.compare_digest(password, DEV_PLATFORM_PASSWORD):
                     return self._principal(username, "platform", client_id)
+            if self._users and password is not None:
+                self._verify(self._dummy, password, username)  # the same cost as a known user's wrong password
             return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
         if password is None or not self._verify(user, password):
             return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
         return self._principal(username, user.role, client_id)
 
-    def _verify(self, user: UserConfig, password: bytes) -> bool:
-        name = user.name.encode("utf-8")
-        digest = hmac.new(self._key, len(name).to_bytes(4, "big") + name + password, hashlib.sha256).digest()
+    def authenticate_certificate(self, client_id: str, username: str | None, cert_cn: str) -> Principal | int:
+        """The principal of a verified client certificate (no password needed).
+
+        A CN naming a ``[users.NAME]`` takes that user's role; any other CN takes ``mqtt.cert_role``. A
+        vehicle's client id must equal its CN, so one vehicle certificate serves exactly one VIN. A
+        CONNECT user name, when sent, must be the CN (a certificate never speaks for another user).
+        """
+        if username is not None and username != cert_cn:
+            return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "user name is not the certificate CN")
+        user = self._users.get(cert_cn)
+        role = user.role if user is not None else self._cert_role
+        if role == "vehicle" and client_id != cert_cn:
+            return self._refuse(CONNACK_NOT_AUTHORISED, client_id, cert_cn, "vehicle client id is not its certificate CN")
+        return self._principal(cert_cn, role, client_id)
+
+    def authenticate_cached(self, client_id: str, username: str | None, password: bytes | None) -> Principal | int | None:
+        """The :meth:`authenticate` result when it needs no PBKDF2 run (answered on the caller's thread), else None.
+
+        Answered from memory: anonymous, a password without user name, the dev login, a verified-password
+        cache hit, and the remembered last failure of a user name (known or not, so both look alike).
+        """
+        if username is None or password is None or (self._dev_login and username == DEV_PLATFORM_USER):
+            return self.authenticate(client_id, username, password)
+        user = self._users.get(username)
+        digest = self._digest(username, password)
         with self._lock:
-            if digest in self._verified:
+            if user is not None and digest in self._verified:
+                self._verified.move_to_end(digest)
+                self.auth_cache_hits += 1
+                hit = True
+            elif (self._last_failure if user is not None else self._unknown_failures).get(username) == digest:
+                hit = False
+            else:
+                return None
+        if hit:
+            return self._principal(username, user.role, client_id)  # type: ignore[union-attr]
+        return self._refuse(CONNACK_BAD_CREDENTIALS, client_id, username, "unknown user or wrong password")
+
+    def _digest(self, name: str, password: bytes) -> bytes:
+        raw = name.encode("utf-8")
+        return hmac.new(self._key, len(raw).to_bytes(4, "big") + raw + password, hashlib.sha256).digest()
+
+    def _verify(self, user: UserConfig, password: bytes, unknown_name: str | None = None) -> bool:
+        name = user.name if unknown_name is None else unknown_name
+        failures = self._last_failure if unknown_name is None else self._unknown_failures
+        digest = self._digest(name, password)
+        with self._lock:
+            if unknown_name is None and digest in self._verified:
                 self._verified.move_to_end(digest)
                 self.auth_cache_hits += 1
                 return True
-            if self._last_failure.get(user.name) == digest:
+            if failures.get(name) == digest:
                 return False
             flight = self._pending.get(digest)
             leader = flight is None
@@ -308,21 +332,29 @@ class AccessControl:
             ok = verify_password(password, user.password_hash)
         finally:
             with self._lock:
-                if ok:
+                if ok and unknown_name is None:
                     self._verified[digest] = None
                     if len(self._verified) > self._auth_cache_size:
                         self._verified.popitem(last=False)
                 else:
-                    self._last_failure[user.name] = digest
+                    if len(failures) >= self._auth_cache_size and name not in failures:
+                        failures.clear()  # bounded: unknown user names are the attacker's choice
+                    failures[name] = digest
                 del self._pending[digest]
             flight.ok = ok
             flight.done.set()
         return ok
 
     def _principal(self, username: str | None, role: str, client_id: str) -> Principal | int:
-        if role == "vehicle" and not self._vehicle_client_id.fullmatch(client_id):
+        is_vin = self._vehicle_client_id.fullmatch(client_id) is not None
+        if role == "vehicle" and not is_vin:
             return self._refuse(CONNACK_NOT_AUTHORISED, client_id, username, "vehicle client id is not a VIN")
-        return Principal(username, role, client_id)
+        if username is None:
+            # anonymous: the vehicle its client id names only in development mode (the demo stays simple)
+            vehicle = self.dev_mode and is_vin
+        else:
+            vehicle = role == "vehicle"
+        return Principal(username, role, client_id, vehicle, f"agent/{client_id}/" if vehicle else "")
 
     def _refuse(self, code: int, client_id: str, username: str | None, reason: str) -> int:
         with self._lock:  # authenticate runs in executor threads
@@ -345,18 +377,25 @@ class AccessControl:
         Returns:
             True when allowed (first matching publish rule, else the role's policy).
         """
+        return self._cached(self._decisions, self._decide_publish, principal, topic)
+
+    def _cached(self, cache: "_DecisionCache", decide: Callable[[Principal, str], bool], principal: Principal,
+                topic: str) -> bool:
+        """One decision through a cache bounded by entries and by the bytes of its keys (cleared when either is
+        full: a client using many long topics cannot grow it), keyed by a flat tuple of strings."""
         key = (principal.username, principal.role, principal.client_id, topic)
+        entries = cache.entries
         try:
-            return self._decisions[key]
+            return entries[key]
         except KeyError:
             pass
-        decision = self._decide_publish(principal, topic)
+        decision = decide(principal, topic)
         size = len(topic) + len(principal.client_id)
-        if len(self._decisions) >= self._decision_cache_size or self._decision_bytes + size > self._decision_cache_bytes:
-            self._decisions.clear()
-            self._decision_bytes = 0
-        self._decisions[key] = decision
-        self._decision_bytes += size
+        if len(entries) >= self._decision_cache_size or cache.bytes + size > self._decision_cache_bytes:
+            entries.clear()
+            cache.bytes = 0
+        entries[key] = decision
+        cache.bytes += size
         return decision
 
     def _decide_publish(self, p: Principal, topic: str) -> bool:
@@ -364,6 +403,8 @@ class AccessControl:
             return self._first_rule(self._publish_rules, p, topic, topic_matches, True)
         if topic == _SYS or topic.startswith("$SYS/"):
             return False  # nobody but admin publishes $SYS, whatever the rules say
+        if not self.dev_mode and _under(topic, _ECP) and not (p.vehicle and topic.startswith(f"ecp/{p.client_id}/")):
+            return False  # (a): only the vehicle of VIN X publishes ecp/X/#, whatever the rules say
         if p.role == "platform":
             builtin = True
         elif p.role == "vehicle":
@@ -386,6 +427,9 @@ class AccessControl:
         p = principal
         if p.role == "admin":
             builtin = True
+        elif not self.dev_mode and _under(topic_filter, _AGENT) and not (
+                p.vehicle and topic_filter.startswith(f"agent/{p.client_id}/")):
+            return False  # (a): only the vehicle of VIN X reads agent/X/#, whatever the rules say
         elif topic_filter == _FANOUT or topic_filter.startswith("$SDV-FANOUT/"):
             cid = p.client_id
             builtin = bool(cid) and "+" not in cid and "#" not in cid and topic_filter == f"$SDV-FANOUT/errors/{cid}"
@@ -394,6 +438,34 @@ class AccessControl:
         else:
             builtin = True
         return self._first_rule(self._subscribe_rules, p, topic_filter, filter_covers, builtin)
+
+    def can_read(self, principal: Principal, topic: str) -> bool:
+        """Whether a message on the topic name ``topic`` may be delivered to ``principal`` (ACL at delivery).
+
+        Held whatever filter matched: the subscribe rules apply to the topic itself (a rule's filter
+        matching it, first match decides), then the role's policy for that topic, so a deny of
+        ``test/nosubscribe`` also stops a ``test/#`` or ``#`` subscriber from receiving it. Cached per
+        (principal, topic) in a bounded dict (cleared when full), like :meth:`can_publish`.
+        """
+        inbox = principal.inbox
+        if inbox and topic.startswith(inbox) and not self._rules_reach_vehicles:
+            # The fanout delivery path: a vehicle reading under agent/<own VIN>/, where no rule that could apply
+            # to a vehicle matches, is allowed by its policy. No cache: every request id is a new topic.
+            return True
+        return self._cached(self._reads, self._decide_read, principal, topic)
+
+    def _decide_read(self, p: Principal, topic: str) -> bool:
+        if p.role == "admin":
+            builtin = True
+        elif not self.dev_mode and _under(topic, _AGENT) and not (p.vehicle and topic.startswith(f"agent/{p.client_id}/")):
+            return False  # (a), as in can_subscribe
+        elif topic == _FANOUT or topic.startswith("$SDV-FANOUT/"):
+            builtin = topic == f"$SDV-FANOUT/errors/{p.client_id}"
+        elif p.role == "vehicle":
+            builtin = topic.startswith(f"agent/{p.client_id}/")
+        else:
+            builtin = True
+        return self._first_rule(self._subscribe_rules, p, topic, topic_matches, builtin)
 
     @staticmethod
     def _first_rule(
@@ -408,5 +480,6 @@ class AccessControl:
 
 __all__ = [
     "AccessControl", "Principal", "filter_covers", "hash_password", "verify_password", "parse_password_hash",
-    "check_password_hashes", "is_loopback_host", "CONNACK_BAD_CREDENTIALS", "CONNACK_NOT_AUTHORISED",
+    "check_password_hashes", "is_loopback_host", "CONNACK_BAD_CREDENTIALS", "CONNACK_NOT_AUTHORISED", "HASH_SCHEME",
+    "DEFAULT_ITERATIONS",
 ]

@@ -279,6 +279,7 @@ class Broker:
             now_ms: current time.
         """
         self.state.now = now_ms
+        self._lifecycle.auth_answered()
         connect = conn.pending_connect
         conn.pending_connect = None
         if connect is None or conn.state is not CONNECTING:

@@ -10,6 +10,12 @@ Strategy: this is the per-message hot path, written for CPython speed:
   state's dirty list, which :meth:`Broker.flush` joins into one write per connection per loop iteration;
 - route through the subscription trie behind a small cache (topic -> {client id: granted QoS}) that is
   invalidated by any subscription change; a QoS 0 PUBLISH is encoded once for all its recipients;
+- ACL held at delivery: a session receives a message only if its principal may read the topic
+  (``AccessControl.can_read``: the subscribe rules applied to the topic name, then the role's policy),
+  whatever filter matched. Routed messages (client publishes, wills, ``$SYS``, forwards) are filtered
+  when the trie result is cached, so a cache hit costs nothing more; retained replay and
+  :meth:`Delivery.deliver` ask per message (a cached dict lookup). Refusals are counted
+  (``deliveries_denied``, ``$SYS/broker/publish/messages/denied at delivery``);
 - deliver at min(publish QoS, granted QoS), once per client even with overlapping subscriptions (the
   trie already returns the maximum granted QoS per client), with RETAIN=0 on routed messages
   (MQTT-3.3.1-9) and RETAIN=1 only for retained messages replayed on subscribe (MQTT-3.3.1-8);
@@ -49,6 +55,8 @@ class Delivery:
         self._st = state
         self._write = state.write
         self._emit = state.emit
+        # ACL at delivery: None for an access-control object without read rules (an embedding's own)
+        self._can_read = getattr(state.acl, "can_read", None)
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -77,9 +85,24 @@ class Delivery:
                               retained_bytes=self._st.retained.bytes)
 
     def match(self, topic: str) -> dict[str, int]:
-        """Trie match through the cache (cleared on every subscription change)."""
+        """Trie match through the cache (cleared on every subscription change), keeping only the sessions
+        whose principal may read ``topic`` (ACL at delivery, paid once per topic while it stays cached)."""
         st = self._st
         subs = st.trie.match(topic)
+        can_read = self._can_read
+        if can_read is not None and subs:
+            sessions = st.sessions
+            denied = None
+            for cid in subs:
+                s = sessions.get(cid)
+                if s is not None and s.principal is not None and not can_read(s.principal, topic):
+                    if denied is None:
+                        denied = []
+                    denied.append(cid)
+            if denied:
+                st.deliveries_denied += len(denied)
+                for cid in denied:
+                    del subs[cid]
         cache = st.match_cache
         if len(cache) >= MATCH_CACHE_SIZE:
             cache.clear()
@@ -220,7 +243,11 @@ class Delivery:
     def replay_retained(self, s: Session, topic_filter: str, granted: int) -> None:
         """Send the retained messages matching a new subscription, RETAIN=1 (MQTT-3.3.1-6, -8)."""
         conn = s.conn
+        can_read = self._can_read
         for topic, payload, rqos in self._st.retained.matching(topic_filter):
+            if can_read is not None and s.principal is not None and not can_read(s.principal, topic):
+                self._st.deliveries_denied += 1
+                continue  # ACL at delivery holds for retained replay too
             q = rqos if rqos < granted else granted
             if q == 0:
                 self._write(conn, encode_publish(topic, payload, 0, True, False, None))
@@ -305,6 +332,10 @@ class Delivery:
         s = self._st.sessions.get(client_id)
         if s is None or s.conn is None:
             return DeliverStatus.NOT_CONNECTED
+        principal = s.principal
+        if principal is not None and self._can_read is not None and not self._can_read(principal, topic):
+            self._st.deliveries_denied += 1
+            return DeliverStatus.NOT_SUBSCRIBED  # ACL at delivery: this principal may not read the topic
         if require_subscription:
             granted = -1
             if covering:

@@ -48,6 +48,8 @@ class ClientConnected:
         resent_tags: tags of messages given to :meth:`Broker.deliver` that were unacknowledged and have
             just been resent with DUP=1 (QoS 1/2) on this resumed session.
         queued_tags: tags still waiting in the session queue (sent as the inflight window frees).
+        vehicle: the principal IS the vehicle its client id names (``Principal.vehicle``); only such a
+            connection may be served fanout messages.
     """
 
     client_id: str
@@ -57,6 +59,7 @@ class ClientConnected:
     role: str
     resent_tags: tuple[Hashable, ...] = ()
     queued_tags: tuple[Hashable, ...] = ()
+    vehicle: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,13 @@ evictions). Rules enforced, with the statement they implement:
   assigned (MQTT-3.1.3-6);
 - authentication result 4/5 -> CONNACK 4/5; a will topic the principal may not publish, or over the
   topic length/level bounds -> 5;
+- outside development mode a session is bound to the principal that made it: a CONNECT by another
+  principal with its client id is refused with 0x02, except that a vehicle evicts a squatter of its VIN
+  (the trust model, :mod:`principals`); a certificate's CN is authenticated inline, as are logins answered
+  from memory; PBKDF2 logins go through the failed-login limits and the bounded pool (:mod:`login_guard`);
 - takeover closes the OLD connection and publishes its will (MQTT-3.1.4-2, MQTT-3.1.2-8); more than
-  ``takeover_limit`` takeovers of one id within ``takeover_window_ms`` refuse the newcomer with 0x03;
+  ``takeover_limit`` takeovers of one id within ``takeover_window_ms`` (by its owner: others are refused
+  before) refuse the newcomer with 0x03;
 - clean session discards any previous session (MQTT-3.1.2-6); otherwise it is resumed with session
   present = 1 (MQTT-3.2.2-2), unacknowledged messages resent with DUP=1, PUBRELs resent, then the queue;
 - a clean session ends with its connection; a persistent one stays, queueing QoS 1/2, until
@@ -35,7 +40,11 @@ from .connection import CONNECTED, CONNECTING, Connection
 from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
 from .hooks import ClientConnected, ClientDisconnected
-from .packets import CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect
+from .login_guard import peer_host
+from .principals import may_evict
+from .packets import (
+    CONNACK_BAD_CREDENTIALS, CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect,
+)
 from .session import Session
 from .state import BrokerState
 from .topics import over_limits
@@ -71,6 +80,10 @@ class Lifecycle:
         self._takeover_window = s.takeover_window_ms
         self._takeover_limit = s.takeover_limit
         self._takeovers: dict[str, list[int]] = {}  # client id -> [window start, count]
+        # development mode (loopback, no users) keeps today's behaviour: sessions are not bound to principals
+        self._dev_mode = bool(getattr(state.acl, "dev_mode", False))
+        self._guard = getattr(state.acl, "guard", None)  # failed-login limits and the PBKDF2 pool
+        self._cached = getattr(state.acl, "authenticate_cached", lambda *a: None)
         self._generation = 0
 
     def connection_made(self, now_ms: int, peer: Any) -> Connection:
@@ -96,17 +109,38 @@ class Lifecycle:
         if st.clients_connected >= self._max_connections:
             self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, "mqtt.max_connections reached")
             return
+        cert_cn = getattr(conn.peer, "cert_cn", None)  # set by a TLS listener for a verified client certificate
+        if cert_cn is not None:
+            self.finish_connect(conn, p, st.acl.authenticate(cid, p.username, p.password, cert_cn))
+            return
         if self._defer_auth is not None and p.username is not None:
+            cached = self._cached(cid, p.username, p.password)
+            if cached is not None:  # answered from memory: no thread hop (login_guard)
+                self.finish_connect(conn, p, cached)
+                return
+            guard = self._guard
+            if guard is not None:
+                refused = guard.admit(peer_host(conn.peer), st.now)
+                if refused is not None:  # counted in $SYS and warned once per window, not logged per connect
+                    self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, refused, logged=False)
+                    return
             conn.pending_connect = p  # the broker decodes nothing more from it until auth_done
             self._defer_auth(conn, functools.partial(st.acl.authenticate, cid, p.username, p.password))
             return
         self.finish_connect(conn, p, st.acl.authenticate(cid, p.username, p.password))
+
+    def auth_answered(self) -> None:
+        """A deferred authentication came back (whether or not its connection is still there)."""
+        if self._guard is not None:
+            self._guard.done()
 
     def finish_connect(self, conn: Connection, p: Connect, result: Any) -> None:
         """Accept or refuse ``conn`` once its authentication ``result`` (Principal or CONNACK code) is known."""
         st = self._st
         cid: str = conn.client_id  # type: ignore[assignment]
         if isinstance(result, int):
+            if result == CONNACK_BAD_CREDENTIALS and self._guard is not None:
+                self._guard.failed(peer_host(conn.peer), st.now)
             self.refuse(conn, result, "authentication")
             return
         principal = result
@@ -120,6 +154,19 @@ class Lifecycle:
             self.refuse(conn, CONNACK_NOT_AUTHORIZED, "will topic not authorised")
             return
         old = st.sessions.get(cid)
+        if old is not None and old.principal is not None and old.principal.owner != principal.owner \
+                and not self._dev_mode:
+            if not may_evict(principal, old.principal):
+                self.refuse(conn, CONNACK_ID_REJECTED, "client id bound to another principal")
+                return
+            log.warning("mqtt session evicted", client_id=cid, reason="client id claimed by its vehicle",
+                        owner_username=old.principal.username, owner_role=old.principal.role, peer=conn.peer)
+            if old.conn is not None:
+                self.close(old.conn, "evicted: client id claimed by its vehicle", will=False)
+            old = st.sessions.get(cid)
+            if old is not None:
+                self.discard_session(old)
+                old = None
         if old is not None and old.conn is not None:
             if self._takeover_throttled(cid):
                 log.warning("mqtt takeover throttled", client_id=cid, limit=self._takeover_limit,
@@ -135,11 +182,14 @@ class Lifecycle:
         if present:
             s = old
             del st.offline[cid]
+            if s.principal != principal:  # same owner, other login (certificate vs password): rights may differ
+                s.principal = principal
+                st.match_cache.clear()  # routed recipients are filtered by each session's principal
         else:
             if len(st.sessions) >= self._max_sessions and not self._evict_oldest_offline():
                 self.refuse(conn, CONNACK_SERVER_UNAVAILABLE, "mqtt.max_sessions reached")
                 return
-            s = Session(cid, p.clean_session, st.limits, st.queue_budget)
+            s = Session(cid, p.clean_session, st.limits, st.queue_budget, principal)
             st.sessions[cid] = s
         self._generation += 1
         conn.generation = self._generation
@@ -165,16 +215,18 @@ class Lifecycle:
             if st.events is not None:
                 resent, queued = s.tags()
             self._delivery.resume(s)
-        st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued))
+        st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
+                                principal.vehicle))
         log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
                  role=principal.role, clean_session=p.clean_session, session_present=present,
                  keepalive=p.keepalive, generation=conn.generation)
 
-    def refuse(self, conn: Connection, code: int, reason: str) -> None:
+    def refuse(self, conn: Connection, code: int, reason: str, *, logged: bool = True) -> None:
         """CONNACK with a non-zero return code, then close (MQTT-3.2.2-5)."""
         self._st.write(conn, encode_connack(False, code))
         self.close(conn, reason, will=False)
-        log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
+        if logged:
+            log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
 
     def _takeover_throttled(self, cid: str) -> bool:
         now = self._st.now

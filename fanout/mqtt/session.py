@@ -116,15 +116,20 @@ class Session:
         clean: the CONNECT's clean session flag (a clean session ends with its connection).
         limits: shared :class:`SessionLimits`.
         budget: the broker's shared :class:`QueueBudget` (default: a budget of its own, unbounded).
+        principal: the principal that made the session (None in tests that need no ACL).
     """
 
     __slots__ = (
         "client_id", "clean", "limits", "budget", "subs", "inflight", "queue", "last_pid", "conn",
-        "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms",
+        "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms", "principal",
     )
 
-    def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None) -> None:
+    def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None,
+                 principal: Any = None) -> None:
         self.client_id = client_id
+        # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
+        # every message given to the session is checked against its read rights (ACL at delivery)
+        self.principal = principal
         self.clean = clean
         self.limits = limits
         self.budget = budget if budget is not None else QueueBudget()

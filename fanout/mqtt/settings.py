@@ -69,6 +69,11 @@ class MQTTSettings:
         max_inflight: unacknowledged outbound QoS 1/2 messages per session before queueing.
         max_offline_messages: queued messages per session.
         offline_drop: which message a full queue drops, ``oldest`` or ``newest``.
+        auth_fail_limit_per_host: failed logins per source address per window before PBKDF2 logins are refused.
+        auth_fail_limit_total: failed logins overall per window before PBKDF2 logins are refused.
+        auth_fail_window_ms: the failed-login counting window.
+        auth_threads: PBKDF2 threads.
+        auth_queue: PBKDF2 verifications waiting or running before a newcomer is refused.
         max_session_bytes: bytes of messages one session holds, queued + in flight.
         max_queued_bytes: bytes of queued messages of all sessions together.
         max_write_buffer_bytes: bytes waiting to be written to one client before it is disconnected.
@@ -100,6 +105,11 @@ class MQTTSettings:
     max_inflight: int
     max_offline_messages: int
     offline_drop: str
+    auth_fail_limit_per_host: int
+    auth_fail_limit_total: int
+    auth_fail_window_ms: int
+    auth_threads: int
+    auth_queue: int
     max_session_bytes: int
     max_queued_bytes: int
     max_write_buffer_bytes: int

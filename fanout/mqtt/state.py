@@ -65,7 +65,7 @@ class BrokerState:
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
         "pub_dropped", "pub_denied", "bytes_received", "bytes_sent", "subscription_count", "acks_unknown",
-        "protocol_errors", "caps",
+        "protocol_errors", "deliveries_denied", "caps",
     )
 
     def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None, *, now_ms: int,
@@ -105,6 +105,7 @@ class BrokerState:
         self.subscription_count = 0
         self.acks_unknown = 0
         self.protocol_errors = 0
+        self.deliveries_denied = 0  # messages the ACL at delivery kept from a matching subscriber
         self.caps = CapCounters()
 
     @property

@@ -106,9 +106,15 @@ class SysStats:
             "$SYS/broker/retained messages/bytes": b.retained.bytes,
             "$SYS/broker/heap/current": rss_bytes(),
             "$SYS/broker/messages/queued/bytes": b.queue_budget.queued_bytes,
+            "$SYS/broker/publish/messages/denied_at_delivery": getattr(b, "deliveries_denied", 0),
         }
         for name, hits in b.caps.hits.items():
             snap[f"$SYS/broker/limits/{name}"] = hits
+        guard = getattr(getattr(b, "acl", None), "guard", None)  # fanout.mqtt.login_guard.LoginGuard
+        if guard is not None:
+            snap["$SYS/broker/auth/failures"] = guard.failures
+            snap["$SYS/broker/auth/limited"] = guard.limited
+            snap["$SYS/broker/auth/queue_full"] = guard.queue_full
         for fn in self._sources:
             try:
                 snap.update(fn())

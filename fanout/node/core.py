@@ -163,8 +163,15 @@ class NodeCore(BrokerHooks):
         cid = e.client_id
         gen = self._gens.next()
         shard = shard_of(cid, self.shards)
-        is_vin = VIN_RE.fullmatch(cid) is not None
+        # (a) of the trust model: a connection is a vehicle for the dispatchers only when its principal IS the
+        # vehicle its client id names (role vehicle, or anonymous in development mode), not because its id
+        # looks like a VIN. Other connections never reach the dispatchers: no rows, no takeover registry (so
+        # a client squatting a VIN on another node cannot kick the vehicle; takeover stays node-local).
+        is_vin = e.vehicle and VIN_RE.fullmatch(cid) is not None
         self._live[cid] = (e.generation, gen, shard, is_vin)
+        if not is_vin:
+            self._cover.pop(cid, None)
+            return
         subscribed = False
         key: bytes | None = None
         self._cover.pop(cid, None)
@@ -186,7 +193,8 @@ class NodeCore(BrokerHooks):
         self._cover.pop(cid, None)
         if not e.session_kept:
             self.routes.mark_dirty()
-        self._emit(entry[2], DisconnectEvent.build(cid, entry[1]))
+        if entry[3]:
+            self._emit(entry[2], DisconnectEvent.build(cid, entry[1]))
 
     def _subscribed(self, e: Subscribed) -> None:
         self.routes.mark_dirty()
@@ -277,8 +285,8 @@ class NodeCore(BrokerHooks):
         """
         sync: list[tuple] = []
         for cid, (_lg, gen, sh, is_vin) in self._live.items():
-            if sh != shard:
-                continue
+            if sh != shard or not is_vin:
+                continue  # only vehicles are known to the dispatchers (see _connected)
             subscribed = bool(self._cover.get(cid)) if is_vin else False
             key = None
             s = self.broker.session_of(cid) if (is_vin and self.broker is not None) else None
@@ -319,7 +327,7 @@ class NodeCore(BrokerHooks):
         failures: list[tuple] = []
         for vin, gen, key, request_id, data_id, dup in sends:
             entry = live.get(vin)
-            if entry is None or entry[1] != gen:
+            if entry is None or entry[1] != gen or not entry[3]:  # only to the vehicle itself (trust model (a))
                 failures.append(failure(vin, gen, key, _NOT_CONNECTED))
                 continue
             # The covering filters let the broker skip matching the topic against every filter.

@@ -103,7 +103,7 @@ def test_authenticate_return_codes(acl):
     assert acl.authenticate("c1", "mallory", b"alice-pw") == 4
     assert acl.authenticate("c1", None, b"alice-pw") == 4  # password without user name
     assert acl.authenticate("c1", None, None) == Principal(None, "client", "c1")  # default anonymous_role
-    assert acl.authenticate(VIN, "car", b"fleet-pw") == Principal("car", "vehicle", VIN)
+    assert acl.authenticate(VIN, "car", b"fleet-pw") == Principal("car", "vehicle", VIN, True)
     for bad_vin in ("", "has space", "a/b", "+", "x" * 65):
         assert acl.authenticate(bad_vin, "car", b"fleet-pw") == 5
 
@@ -111,13 +111,13 @@ def test_authenticate_return_codes(acl):
 def test_anonymous_roles(tmp_path):
     assert AccessControl(make_cfg(tmp_path, anonymous_role="none"), listener_is_loopback=True).authenticate("c", None, None) == 5
     veh = AccessControl(make_cfg(tmp_path, anonymous_role="vehicle"), listener_is_loopback=True)
-    assert veh.authenticate(VIN, None, None) == Principal(None, "vehicle", VIN)
+    assert veh.authenticate(VIN, None, None) == Principal(None, "vehicle", VIN, True)  # development mode
     assert veh.authenticate("not a vin", None, None) == 5
 
 
 def test_verification_cache_serves_second_connect(acl):
     for _ in range(50):
-        assert acl.authenticate(VIN, "car", b"fleet-pw") == Principal("car", "vehicle", VIN)
+        assert acl.authenticate(VIN, "car", b"fleet-pw") == Principal("car", "vehicle", VIN, True)
     assert acl.pbkdf2_calls == 1 and acl.auth_cache_hits == 49
     assert acl.authenticate(VIN, "car", b"fleet-pw2") == 4  # a different password is verified afresh
     assert acl.authenticate(VIN, "car", b"fleet-pw2") == 4  # the same bad one is not re-run
@@ -209,14 +209,14 @@ SUBSCRIBE = [
 
 @pytest.mark.parametrize(("role", "cid", "topic", "allowed"), PUBLISH)
 def test_builtin_publish(acl, role, cid, topic, allowed):
-    p = Principal("u", role, cid)
+    p = Principal("u", role, cid, role == "vehicle")
     assert acl.can_publish(p, topic) is allowed
     assert acl.can_publish(p, topic) is allowed  # cached decision agrees
 
 
 @pytest.mark.parametrize(("role", "cid", "topic_filter", "allowed"), SUBSCRIBE)
 def test_builtin_subscribe(acl, role, cid, topic_filter, allowed):
-    assert acl.can_subscribe(Principal("u", role, cid), topic_filter) is allowed
+    assert acl.can_subscribe(Principal("u", role, cid, role == "vehicle"), topic_filter) is allowed
 
 
 # -- [[acl]] rules -------------------------------------------------------------------------------

@@ -170,8 +170,8 @@ def test_publish_decision_cache_is_bounded_by_bytes():
     p = Principal(None, "client", "c")
     for i in range(100):
         assert ac.can_publish(p, f"{i:04d}/" + "x" * 1000)
-        assert ac._decision_bytes <= 10_000
-    assert len(ac._decisions) < 10
+        assert ac._decisions.bytes <= 10_000
+    assert len(ac._decisions.entries) < 10
 
 
 # -- bytes held for sessions and clients ------------------------------------------------------------------

@@ -183,6 +183,14 @@ def test_will_topic_must_be_publishable(net):
     assert c.connect("a", will=Will("$SYS/x", b"", 0, False)) == Connack(False, 5)
 
 
+def test_dev_login_and_cache_hits_need_no_thread_hop():
+    calls = []
+    net = Net(defer_auth=lambda conn, fn: calls.append((conn, fn)))
+    c = net.client()
+    assert c.connect("a", username="platform", password=b"platform") == Connack(False, 0)
+    assert calls == []
+
+
 def test_deferred_auth_holds_packets():
     calls = []
     users = {"u": UserConfig("u", hash_password("pw", iterations=1000), "client")}
@@ -199,14 +207,18 @@ def test_deferred_auth_holds_packets():
 
 def test_deferred_auth_failure_and_exception():
     calls = []
-    net = Net(defer_auth=lambda conn, fn: calls.append((conn, fn)))
+    users = {"u": UserConfig("u", hash_password("pw", iterations=1000), "client")}
+    net = Net(users=users, defer_auth=lambda conn, fn: calls.append((conn, fn)))
     c = net.client()
-    c.send(Connect("a", True, 60, "platform", b"nope"))
+    c.send(Connect("a", True, 60, "u", b"nope"))
     net.broker.auth_done(calls[0][0], calls[0][1](), net.now)
     net.pump()
     assert c.take() == [Connack(False, 4)] and c.closed
     c = net.client()
-    c.send(Connect("b", True, 60, "platform", b"platform"))
+    c.send(Connect("a", True, 60, "u", b"nope"))  # the same wrong password again: answered from memory
+    assert c.take() == [Connack(False, 4)] and len(calls) == 1
+    c = net.client()
+    c.send(Connect("b", True, 60, "u", b"other"))
     net.broker.auth_done(calls[1][0], RuntimeError("boom"), net.now)
     net.pump()
     assert c.take() == [Connack(False, 3)] and c.closed

@@ -460,6 +460,24 @@ async def test_local_publishes_are_forwarded_to_matching_peers_and_retained_mirr
     assert routes.announcement(20_000, filters_fn=cluster.broker.route_filters) == (["b/#"], [], False)
 
 
+# -- trust model (a): only vehicle principals are vehicles ---------------------------------------------------
+
+
+def test_a_connection_is_reported_as_a_vehicle_only_when_its_principal_is_that_vehicle(cluster):
+    from fanout.mqtt.hooks import ClientConnected as Connected
+    from fanout.records import Delivery
+
+    edge = cluster.edge
+    edge.on_events([Connected("V7", 1, False, "alice", "client")])  # a client user whose id looks like a VIN
+    assert edge.take_events() == {}
+    assert edge.generation_of("V7") is not None
+    gen = edge.generation_of("V7")
+    failures = edge.apply_deliveries([Delivery.build("V7", gen, b"key", "r1", "d1", False)], {"d1": b"x"})
+    assert [f[0] for f in failures] == ["V7"]  # refused as not connected, never handed to the broker
+    edge.on_events([Connected("V8", 2, False, "fleet", "vehicle", (), (), True)])
+    assert sum(len(v) for v in edge.take_events().values()) == 1
+
+
 # -- request ids re-used with another data id -------------------------------------------------------------
 
 async def rejected_conflict(c: Cluster, ids, request_id: str, data_id: str, cid: str) -> dict:

@@ -55,8 +55,9 @@ async def core_churn(c: Cluster, first: int, last: int) -> None:
         events: list = []
         for i in range(base, min(base + 1000, last)):
             cid = f"V{i:07d}" if i % 5 else f"app.{i}"
+            vehicle = i % 5 != 0  # as the broker reports an anonymous VIN id in development mode
             local = 2 * i
-            events.append(ClientConnected(cid, local, False, None, "client"))
+            events.append(ClientConnected(cid, local, False, None, "client", vehicle=vehicle))
             events.append(Subscribed(cid, local, ((f"agent/{cid}/proxy/request/+", 1),)))
             if i % 3 == 0:
                 events.append(Heartbeat(cid, local, f"ecp/{cid}/online", b""))
@@ -65,7 +66,7 @@ async def core_churn(c: Cluster, first: int, last: int) -> None:
             if i % 11 == 0:  # a takeover on this node: the second connection closes the first
                 events.append(ClientDisconnected(cid, local, "takeover", False, False))
                 local += 1
-                events.append(ClientConnected(cid, local, False, None, "client"))
+                events.append(ClientConnected(cid, local, False, None, "client", vehicle=vehicle))
             events.append(ClientDisconnected(cid, local, "disconnect", False, False))
         edge.on_events(events)
         await c.pump()
