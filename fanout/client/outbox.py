@@ -19,7 +19,10 @@ Strategy:
   ``set_mapsize``, which py-lmdb allows only while no transaction of this process is active, so every
   transaction holds a ``storage.guard.ResizeGuard`` shared and a grow holds it exclusive (a waiting
   grow keeps new transactions out, so a stream of reads cannot starve it). A thread never opens a
-  transaction while it holds one: a grow waiting in between would deadlock it.
+  transaction while it holds one: a grow waiting in between would deadlock it. A failed write
+  transaction is aborted, and the map grown, with the writer's shared hold turned exclusive
+  (``ResizeGuard.upgraded``): py-lmdb's write abort waits for every in-flight read call, and a stream
+  of reads starved it without end.
 """
 from __future__ import annotations
 
@@ -192,26 +195,32 @@ class Outbox:
     # ------------------------------------------------------------------ transactions
 
     @contextmanager
-    def _txn(self, write: bool = False, db: lmdb._Database | None = None) -> Iterator[lmdb.Transaction]:
-        """An LMDB transaction holding the map guard shared (see the module docstring)."""
-        with self._guard.shared(), self._env.begin(write=write, db=db) as txn:
+    def _txn(self, db: lmdb._Database | None = None) -> Iterator[lmdb.Transaction]:
+        """A read transaction holding the map guard shared (see the module docstring; writes: ``_write``)."""
+        with self._guard.shared(), self._env.begin(db=db) as txn:
             yield txn
 
     def _write(self, body: Callable[[lmdb.Transaction], R]) -> R:
         """Run ``body`` in one write transaction, growing the map and re-running it on ``MapFullError``
         (the failed transaction was aborted, so ``body`` must keep its effects inside it)."""
         while True:
-            try:
-                with self._txn(write=True) as txn:
-                    return body(txn)
-            except lmdb.MapFullError:
-                self._grow()
-
-    def _grow(self) -> None:
-        with self._guard.exclusive():  # py-lmdb: set_mapsize needs no active transaction in this process
-            size = self._env.info()["map_size"] * 2
-            self._env.set_mapsize(size)
-        log.info("outbox.map_grow", path=str(self.path), map_size=size)
+            with self._guard.shared():
+                txn = self._env.begin(write=True)
+                try:
+                    result = body(txn)
+                    txn.commit()
+                    return result
+                except BaseException as exc:
+                    # py-lmdb's write abort waits until no other thread is inside an LMDB call; readers
+                    # looping over cursors starved it for minutes (test_map_grows_while_readers_scan...
+                    # hung), so hold the reads off for the abort, and for the grow that follows.
+                    with self._guard.upgraded():
+                        txn.abort()
+                        if not isinstance(exc, lmdb.MapFullError):
+                            raise
+                        size = self._env.info()["map_size"] * 2
+                        self._env.set_mapsize(size)  # py-lmdb: needs no active transaction in this process
+            log.info("outbox.map_grow", path=str(self.path), map_size=size)
 
     # ------------------------------------------------------------------ writes
 
