@@ -1,3 +1,4 @@
+# Over 500 lines: one asyncio adapter for the four listener kinds (TCP, TLS, WS, WSS) sharing the flush and write bounds.
 """Thin asyncio adapter around the sans-I/O broker core: sockets, clock, timers, nothing else.
 
 Strategy:

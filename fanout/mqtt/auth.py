@@ -198,10 +198,8 @@ class AccessControl:
         self._dummy = UserConfig("", dummy_hash, "none")
         self._unknown_failures: dict[str, bytes] = {}  # bounded like _last_failure is by the user count
         self.guard = LoginGuard(
-            limit_per_host=getattr(settings, "auth_fail_limit_per_host", 20),
-            limit_total=getattr(settings, "auth_fail_limit_total", 200),
-            window_ms=getattr(settings, "auth_fail_window_ms", 60_000),
-            threads=getattr(settings, "auth_threads", 1), queue=getattr(settings, "auth_queue", 32),
+            limit_per_host=settings.auth_fail_limit_per_host, limit_total=settings.auth_fail_limit_total,
+            window_ms=settings.auth_fail_window_ms, threads=settings.auth_threads, queue=settings.auth_queue,
         )
         self.login_executor = self.guard.executor
         self.pbkdf2_calls = 0  # PBKDF2 verifications run (observability and tests)
