@@ -18,12 +18,11 @@ from fanout.config import load_config, mqtt_settings
 from fanout.dispatcher.core import DispatcherCore
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
-from fanout.mqtt.connection import CLOSED
 from fanout.mqtt.packets import Puback, Publish
 from fanout.node.core import NodeCore
 from storage import ShardStore
 
-from .test_node_core import Client, trigger
+from .test_node_core import Client, hand_output, trigger
 
 
 class Node:
@@ -43,12 +42,7 @@ class Node:
         return self.cluster.now
 
     def flush(self) -> None:
-        for conn, data in self.broker.flush():
-            peer = conn.transport
-            if data and not peer.closed:
-                peer.inbox.extend(peer.reader.feed(data))
-            if conn.state >= CLOSED:
-                peer.closed = True
+        hand_output(self.broker)
 
     def platform(self, cid: str = "platform-1") -> Client:
         return Client(self, cid, user="platform", password=b"platform")  # type: ignore[arg-type]

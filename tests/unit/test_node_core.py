@@ -103,6 +103,16 @@ class Client:
         self.cluster.flush()
 
 
+def hand_output(broker: Broker) -> None:
+    """Give each fake client (a connection's transport) what the broker wrote for it; mark closed ones."""
+    for conn, data in broker.flush():
+        peer: Client = conn.transport
+        if data and not peer.closed:
+            peer.inbox.extend(peer.reader.feed(data))
+        if conn.state >= CLOSED:
+            peer.closed = True
+
+
 class Cluster:
     """One node (broker + edge) and N shards, pumped by hand."""
 
@@ -124,12 +134,7 @@ class Cluster:
             s.close()
 
     def flush(self) -> None:
-        for conn, data in self.broker.flush():
-            peer: Client = conn.transport
-            if data and not peer.closed:
-                peer.inbox.extend(peer.reader.feed(data))
-            if conn.state >= CLOSED:
-                peer.closed = True
+        hand_output(self.broker)
 
     async def pump(self, rounds: int = 20) -> None:
         """Move everything until quiet: ingest, events, sends, deletes."""
