@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         print(f"fanout ready {cluster.url}", flush=True)
+        if cluster.info.get("http"):
+            print(f"fanout console {cluster.info['http']}", flush=True)
         ok = run_demo(cluster)
         print("\ndemo " + ("passed" if ok else "FAILED"), flush=True)
         if args.exit_after_demo:
