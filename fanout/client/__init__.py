@@ -3,7 +3,7 @@
 ``FanoutClient`` (async) and ``SyncFanoutClient`` (blocking wrapper). See ``client.py`` for the
 HOT/COLD strategy and ``outbox.py`` for the durable store.
 
-What survives a crash (README text):
+What survives a crash (docs/client.md):
 
 - HOT (``durability="hybrid"`` while connected and the outbox is empty; ``handle.mode == "hot"``):
   ``submit()`` returns once the submission is in the in-memory ring. Until ``handle.acked()``

@@ -15,7 +15,7 @@ delivery and the clients' acks in :mod:`delivery`; client PUBLISH and ingest int
 packet order in :mod:`connection`; retained messages in :mod:`retained`; ``$SYS`` in :mod:`sys_stats`;
 the event types in :mod:`hooks`; the settings in :mod:`settings`.
 
-Decisions (see also the README):
+Decisions (see also docs/mqtt.md):
 
 - Takeover: a CONNECT with the client id of a live connection closes the *old* connection, and the
   old connection's will IS published - its network connection ended without a DISCONNECT
