@@ -45,7 +45,7 @@ from .harness.peers import INFLIGHT_WINDOW, SYSTEMS, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
 from .harness.processes import CLK_TCK, raise_nofile_limit, wait_for_quiet
 from .harness.report import at_least, at_most, ratio
-from .harness.results import bench_parser, log, result_name, run_header, save_result
+from .harness.results import bench_parser, log, log_ratios, result_name, run_header, save_result
 from .loadgen import (
     MAX_UNDELIVERED, PAYLOAD_SIZE, STALL_S, WINDOW, LeanClient, Tally, close_all, connect, connect_many,
     paho_1to1, percentile_ms, pubacks, run_async, wait_progress,
@@ -424,8 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     args = parser.parse_args(argv)
     result = run(args.quick, systems=args.systems, out_dir=args.out_dir)
-    for key, value in result["ratios"].items():
-        log(NAME, f"{key} = {value:.3f}" if value is not None else f"{key} = n/a")
+    log_ratios(NAME, result["ratios"])
     return 0
 
 

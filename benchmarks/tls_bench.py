@@ -35,7 +35,7 @@ from .harness.peers import FANOUT_BROKER_CONFIG, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
 from .harness.processes import HOST, free_port, proc_cpu_seconds, raise_nofile_limit, wait_for_quiet
 from .harness.report import ratio
-from .harness.results import bench_parser, load_avg, log, result_name, run_header, save_result
+from .harness.results import bench_parser, load_avg, log, log_ratios, result_name, run_header, save_result
 from .loadgen import CONNECT_CONCURRENCY, STALL_S, LeanClient, Tally, close_all, connect, connect_many, pubacks, run_async
 
 NAME = "tls_bench"
@@ -250,8 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     args = parser.parse_args(argv)
     result = run(args.quick, systems=args.systems, out_dir=args.out_dir)
-    for key, value in result["ratios"].items():
-        log(NAME, f"{key} = {value:.3f}" if value is not None else f"{key} = n/a")
+    log_ratios(NAME, result["ratios"])
     return 0
 
 

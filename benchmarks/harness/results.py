@@ -38,6 +38,12 @@ def log(name: str, msg: str) -> None:
     print(f"[{name}] {msg}", flush=True)
 
 
+def log_ratios(name: str, ratios: dict[str, float | None]) -> None:
+    """One progress line per ratio of a result (``n/a`` where a system did not run)."""
+    for key, value in ratios.items():
+        log(name, f"{key} = {value:.3f}" if value is not None else f"{key} = n/a")
+
+
 def bench_parser(module: str, doc: str | None, quick_help: str = "small numbers (CI smoke)") -> argparse.ArgumentParser:
     """The command line of ``python -m benchmarks.<module>``: ``--quick`` and ``--out-dir``; add the rest."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}", description=(doc or "").split("\n")[0])
