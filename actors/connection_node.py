@@ -115,7 +115,7 @@ class ConnectionNode:
         self._dispatchers = list(dispatchers)
         self._tick_s = config.fanout.tick_ms / 1000.0
         self._link = _RayShardLink(self._dispatchers)
-        self.edge = NodeCore(config, node_id, self._link, on_pending=self._schedule_flush)
+        self.edge = NodeCore(config, node_id, self._link, on_pending=self._schedule_flush, hold_connacks=True)
         self.server: Any = None
         self._peers: dict[str, Any] = {}
         self._events_busy: set[int] = set()
@@ -378,6 +378,9 @@ class ConnectionNode:
             self._incarnations.pop(shard, None)
             self.edge.sync_events(shard)
         finally:
+            # Registered (or the dispatcher is gone: the sync resends them): the CONNACKs waiting for
+            # this call go out either way (fanout.mqtt.connack_hold).
+            self.edge.events_done(shard)
             self._events_busy.discard(shard)
             if self.edge.has_events():
                 self._schedule_flush()

@@ -16,10 +16,11 @@ What the dispatchers rely on, and why that is enough:
   (:func:`newer`): a connect older than a connection already seen on that node is stale.
 - Across incarnations there is no order to read from the numbers, and none is needed: the shard of
   ``crc32(client_id)`` sees every connect of that client id, on any node, so it orders them by arrival.
-  The later connect is the newer one (a second CONNECT takes over, as on a single broker). A connect report
-  that is delayed beyond the client's next reconnect elsewhere makes the wrong connection win once: the
-  newer one is kicked, its client reconnects, and that connect (arriving last) wins. Wall-clock generations
-  avoided that race only while the nodes' clocks agreed to better than a reconnect.
+  The later connect is the newer one (a second CONNECT takes over, as on a single broker). That holds because
+  a node writes a vehicle's CONNACK only after the events call carrying its connect returned
+  (:mod:`fanout.mqtt.connack_hold`), and a client connects again only after a CONNACK: a report can no longer
+  be overtaken by the client's next connect on another node. Wall-clock generations never ordered that
+  case: they were right only while the nodes' clocks agreed to better than a reconnect.
 
 The incarnations are not kept anywhere: a dispatcher never needs to know whether incarnation X came before
 incarnation Y, only whether two generations are of the same one.

@@ -3,7 +3,8 @@
 Strategy: the shard of ``crc32(client_id)`` sees every connect of that client id, on any node, so it is
 the one place that can tell two live connections of one client id apart. When two nodes report a live
 connection, the one reported last wins and the other is kicked (MQTT: a second CONNECT with the same
-client id closes the first, on any node; :mod:`fanout.generations` explains why arrival is the order);
+client id closes the first, on any node; :mod:`fanout.generations` explains why arrival is the order, and
+the CONNACK hold of :mod:`fanout.mqtt.connack_hold` why it is the client's order);
 the caller queues the kick for the next ``deliver`` call to that connection's node. Every client id is
 registered, vehicle or not; an entry lives as long as its connection.
 """

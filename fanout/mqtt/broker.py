@@ -33,6 +33,9 @@ Decisions (see also docs/mqtt.md):
   from a connection before its CONNECT is accepted: the bytes after the CONNECT stay in its reader, at
   most ``max_connect_size`` + one read (``MAX_READ_BYTES``) of them, and are decoded under the packet size
   limit of the authenticated role once the CONNACK is written.
+- An embedding with a cluster-wide client id registry can hold CONNACKs until it registered the
+  connection (:meth:`Broker.hold_connacks`, :mod:`connack_hold`): meanwhile nothing more is decoded
+  from the client and nothing is written to it.
 """
 from __future__ import annotations
 
@@ -41,7 +44,8 @@ from typing import Any, Callable
 
 import structlog
 
-from .connection import CONNECTED, CONNECTING, ERROR, Connection
+from .connack_hold import HoldGate
+from .connection import CLOSED, CONNECTED, CONNECTING, ERROR, Connection
 from .delivery import Delivery
 from .errors import NotConnectFirst, PacketTooLarge, ProtocolError
 from .hooks import BrokerHooks, DeliverStatus
@@ -168,7 +172,7 @@ class Broker:
         st.now = now_ms
         conn.last_rx_ms = now_ms
         st.bytes_received += len(data)
-        if conn.state is CONNECTED:
+        if conn.state is CONNECTED and conn.held_output is None:
             # Fast path: the reader directly (Connection.receive_data adds a frame and an order check
             # whose only remaining rule, "no second CONNECT", the handler table enforces here).
             try:
@@ -185,7 +189,14 @@ class Broker:
                 if conn.state is not CONNECTED:
                     return
             return
-        # Slow path: CONNECTING (at most the CONNECT comes out) or closed (nothing does).
+        # Slow path: CONNECTING (at most the CONNECT comes out), closed (nothing does), or a CONNACK held.
+        if conn.held_output is not None and conn.state is CONNECTED:
+            conn.reader.hold(data)  # decoded once the CONNACK is out: no reply may overtake it
+            if conn.reader.buffered > self._max_pre_auth:
+                st.caps.hit("pre_auth_bytes", client_id=conn.client_id, peer=conn.peer, buffered=conn.reader.buffered)
+                self._lifecycle.protocol_error(conn, ProtocolError(
+                    f"more than {self._max_pre_auth} bytes sent before CONNACK"))
+            return
         try:
             packets = conn.receive_data(data)
         except ProtocolError as exc:
@@ -237,6 +248,13 @@ class Broker:
         if st.drops_unreported:
             self._delivery.report_drops()
         lifecycle.forget_takeovers(now_ms)
+        holds = st.holds
+        if len(holds):
+            for conn in holds.overdue(now_ms):
+                holds.released_late += 1
+                log.warning("mqtt connack released without registration", client_id=conn.client_id,
+                            held_ms=holds.max_hold_ms, peer=conn.peer)
+                self._release(conn)
 
     def flush(self) -> list[tuple[Connection, bytes]]:
         """Take the pending output and deliver pending events to the hooks.
@@ -253,6 +271,14 @@ class Broker:
             sent = 0
             for conn in dirty:
                 out = conn.out
+                held = conn.held_output
+                if held is not None:
+                    if conn.state < CLOSED:
+                        held.extend(out)  # the CONNACK and what follows it wait for release_connack
+                        out.clear()
+                        continue
+                    conn.held_output = None  # closed before its CONNACK went out: nothing of it is sent
+                    out.clear()
                 if out:
                     data = out[0] if len(out) == 1 else b"".join(out)
                     out.clear()
@@ -290,6 +316,31 @@ class Broker:
         self._lifecycle.finish_connect(conn, connect, result)
         if conn.state is CONNECTED and conn.reader.buffered:
             self.data_received(conn, b"", now_ms)  # the bytes that followed the CONNECT
+
+    def hold_connacks(self, gate: HoldGate | None) -> None:
+        """Hold the CONNACK of each accepted connection for which ``gate(client_id, principal)`` is true
+        until :meth:`release_connack` (see :mod:`connack_hold`); None holds nothing (the default)."""
+        self.state.holds.gate = gate
+
+    def release_connack(self, client_id: str, generation: int) -> bool:
+        """Write the held CONNACK (and what followed it) of connection ``generation`` of ``client_id``,
+        then decode what the client sent meanwhile. False when that connection is gone or not held."""
+        s = self.state.sessions.get(client_id)
+        conn = s.conn if s is not None else None
+        if conn is None or conn.generation != generation or conn.held_output is None:
+            return False
+        self._release(conn)
+        return True
+
+    def _release(self, conn: Connection) -> None:
+        st = self.state
+        held = st.holds.release(conn)
+        if held:
+            if not conn.out:
+                st.want_flush(conn)
+            conn.out[:0] = held
+        if conn.state is CONNECTED and conn.reader.buffered:
+            self.data_received(conn, b"", st.now)
 
     def write_buffer_full(self, conn: Connection, buffered: int) -> None:
         """The adapter holds more than ``max_write_buffer_bytes`` unwritten for ``conn`` (a client that does

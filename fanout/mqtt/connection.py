@@ -75,12 +75,14 @@ class Connection:
         pending_connect: the CONNECT whose authentication runs (its bytes-after stay in the reader), or None.
         pending_ingest: packet ids of intercepted publishes awaiting complete/reject, or None.
         write_paused: the transport asked to stop writing (QoS 0 to this connection is dropped).
+        held_output: while the CONNACK is held (:mod:`connack_hold`), the output written since, else None.
     """
 
     __slots__ = (
         "reader", "state", "connect_seen", "client_id", "session", "principal", "will", "generation",
         "keepalive_ms", "last_rx_ms", "created_ms", "out", "transport", "peer", "close_reason",
         "wheel_slot", "acl_cache", "pending_connect", "pending_ingest", "write_paused", "max_packet_size",
+        "held_output",
     )
 
     def __init__(self, max_packet_size: int, now_ms: int = 0, peer: Any = None, *,
@@ -106,6 +108,7 @@ class Connection:
         self.pending_connect: Connect | None = None
         self.pending_ingest: set[int] | None = None
         self.write_paused = False
+        self.held_output: list[bytes] | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.client_id!r} {self.state.name} peer={self.peer!r}>"

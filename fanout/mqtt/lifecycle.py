@@ -204,6 +204,9 @@ class Lifecycle:
         if st.clients_connected > st.clients_maximum:
             st.clients_maximum = st.clients_connected
         conn.accepted()
+        gate = st.holds.gate
+        if gate is not None and gate(cid, principal):
+            st.holds.hold(conn, st.now)  # the CONNACK waits for the cluster's registration (connack_hold)
         st.write(conn, encode_connack(present, 0))  # MQTT-3.2.2-2/3: session present flag
         if conn.keepalive_ms:
             st.wheel.schedule(conn, st.now + conn.keepalive_ms)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .caps import CapCounters
+from .connack_hold import ConnackHolds
 from .connection import Connection
 from .deadlines import DeadlineWheel
 from .hooks import BrokerHooks
@@ -57,6 +58,7 @@ class BrokerState:
             for the per-message path.
         clients_connected ... protocol_errors: ``$SYS`` counters (see :mod:`sys_stats`).
         caps: hits of the bounds that protect the broker from its clients (see :mod:`caps`).
+        holds: connections whose CONNACK waits for the embedding's registration (:mod:`connack_hold`).
     """
 
     __slots__ = (
@@ -65,7 +67,7 @@ class BrokerState:
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
         "pub_dropped", "pub_denied", "bytes_received", "bytes_sent", "subscription_count", "acks_unknown",
-        "protocol_errors", "deliveries_denied", "caps",
+        "protocol_errors", "deliveries_denied", "caps", "holds",
     )
 
     def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None, *, now_ms: int,
@@ -107,6 +109,7 @@ class BrokerState:
         self.protocol_errors = 0
         self.deliveries_denied = 0  # messages the ACL at delivery kept from a matching subscriber
         self.caps = CapCounters()
+        self.holds = ConnackHolds()
 
     @property
     def sessions_offline(self) -> int:

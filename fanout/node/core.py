@@ -62,6 +62,12 @@ _HEARTBEAT_SUFFIXES = ("/online", "/heartbeat")
 def _is_fanout_message(m: Any) -> bool:
     return type(m.tag) is bytes  # fanout deliveries are tagged with their row key
 
+def _reports_to_dispatchers(client_id: str, principal: Any) -> bool:
+    """Whether a connection is a vehicle for the dispatchers: its principal IS the vehicle its client id
+    names (``principal.vehicle``; a ClientConnected event carries the same flag), and the id is a VIN."""
+    return bool(principal.vehicle) and VIN_RE.fullmatch(client_id) is not None
+
+
 class NodeCore(BrokerHooks):
     """Hooks of one node's broker; see the module docstring.
 
@@ -79,7 +85,8 @@ class NodeCore(BrokerHooks):
     forward_publishes = True
 
     def __init__(self, config: Any, node_id: str, link: ShardLink, *, on_pending: Callable[[], None] | None = None,
-                 clock_us: Callable[[], int] | None = None, incarnation: int | None = None) -> None:
+                 clock_us: Callable[[], int] | None = None, incarnation: int | None = None,
+                 hold_connacks: bool = False) -> None:
         self.node_id = node_id
         self.broker: Any = None
         self.shards = int(link.shards)
@@ -103,10 +110,31 @@ class NodeCore(BrokerHooks):
         self._tickets: list[IngestTicket] = []
         self.delivered = 0
         self.deliver_failures = 0
+        self._hold_connacks = hold_connacks
+        # (client id, broker generation) of vehicle connects whose CONNACK waits: queued, then in the
+        # events call in flight, per shard (see events_done)
+        self._registering: dict[int, list[tuple[str, int]]] = {}
+        self._registering_sent: dict[int, list[tuple[str, int]]] = {}
 
     def attach(self, broker: Any) -> None:
-        """Give the edge its broker (created with this object as ``hooks``)."""
+        """Give the edge its broker (created with this object as ``hooks``).
+
+        With ``hold_connacks``, a vehicle's CONNACK waits until the events call carrying its connect
+        returned (:meth:`events_done`): the takeover registry then orders a client id's connects on two
+        nodes as the client made them (:mod:`fanout.mqtt.connack_hold` says why that needs the hold).
+        """
         self.broker = broker
+        if self._hold_connacks:
+            broker.hold_connacks(_reports_to_dispatchers)
+
+    def events_done(self, shard: int) -> int:
+        """The events call taken for ``shard`` returned (or failed for good): the CONNACKs of the
+        vehicle connects it carried go out. Returns how many were released."""
+        sent = self._registering_sent.pop(shard, None)
+        if not sent or self.broker is None:
+            return 0
+        release = self.broker.release_connack
+        return sum(1 for cid, generation in sent if release(cid, generation))
 
     # -- broker events ---------------------------------------------------------------------------------
 
@@ -167,7 +195,7 @@ class NodeCore(BrokerHooks):
         # vehicle its client id names (role vehicle, or anonymous in development mode), not because its id
         # looks like a VIN. Other connections never reach the dispatchers: no rows, no takeover registry (so
         # a client squatting a VIN on another node cannot kick the vehicle; takeover stays node-local).
-        is_vin = e.vehicle and VIN_RE.fullmatch(cid) is not None
+        is_vin = _reports_to_dispatchers(cid, e)  # the event carries the principal's vehicle flag
         self._live[cid] = (e.generation, gen, shard, is_vin)
         if not is_vin:
             self._cover.pop(cid, None)
@@ -183,6 +211,8 @@ class NodeCore(BrokerHooks):
                 subscribed = True
             key = next((tag for tag in (*e.resent_tags, *e.queued_tags) if type(tag) is bytes), None)
         self._emit(shard, ConnectEvent.build(cid, gen, e.session_present, subscribed, key))
+        if self._hold_connacks:
+            self._registering.setdefault(shard, []).append((cid, e.generation))
 
     def _disconnected(self, e: ClientDisconnected) -> None:
         cid = e.client_id
@@ -272,6 +302,9 @@ class NodeCore(BrokerHooks):
                 continue
             taken[shard] = self._out[shard]
             self._out[shard] = []
+            registering = self._registering.pop(shard, None)
+            if registering:
+                self._registering_sent.setdefault(shard, []).extend(registering)
             self._pending_shards.discard(shard)
         if not self._pending_shards:
             self.urgent_events = False
