@@ -120,8 +120,13 @@ class PeerBroker:
         return self._child.pid
 
     def cpu_seconds(self) -> float:
-        """Broker process CPU time (user + system) so far."""
-        return proc_cpu_seconds(self.pid)
+        """Broker process CPU time so far: from schedstat (ns) when the kernel has it, else the 10 ms
+        ticks of ``/proc/PID/stat``. Ticks are too coarse for a peer's quick run: Mosquitto spends a few
+        ticks on a quick fleet run, and subtracting an idle rate measured in ticks made its CPU per
+        delivery zero or negative (a flaky test_fanout_bench_quick). The brokers run here keep their
+        threads for their lifetime, so schedstat's omission of exited threads does not apply."""
+        fine = proc_cpu_seconds_precise(self.pid)
+        return fine if fine is not None else proc_cpu_seconds(self.pid)
 
     def cpu_seconds_precise(self) -> float | None:
         """Broker CPU time from schedstat (ns resolution, live threads only), or None."""
