@@ -316,9 +316,17 @@ class ConnectionNode:
         lag, self._lag_max_s = self._lag_max_s, 0.0
         return {"node_id": self.node_id, "host": self.host, "port": port, **self.edge.stats(),
                 "auth_failures": self.server.acl.auth_failures if self.server is not None else 0,
+                **self._connack_holds(),
                 "deliver_calls": self._deliver_calls, "event_calls": self._event_calls,
                 "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2),
                 "loop_lag_ms_max": round(1000 * lag, 1)}  # since the previous stats() call
+
+    def _connack_holds(self) -> dict[str, int]:
+        """Vehicle CONNACKs waiting for their registration now, and those the 5 s bound let out unregistered
+        (non-zero means a dispatcher did not answer: see fanout.mqtt.connack_hold)."""
+        holds = self.server.broker.state.holds if self.server is not None else None
+        return {"connacks_held": len(holds) if holds is not None else 0,
+                "connacks_released_late": holds.released_late if holds is not None else 0}
 
     async def generation_of(self, client_id: str) -> int | None:
         return self.edge.generation_of(client_id)
