@@ -360,7 +360,8 @@ class IngestRounds:
                 if not vins:
                     continue
                 joined = await loop.run_in_executor(None, join_vins, vins) if big else join_vins(vins)
-                per_shard.setdefault(shard, []).append(IngestItem.build(trig.request_id, trig.data_id, joined, ts))
+                per_shard.setdefault(shard, []).append(IngestItem.build(trig.request_id, trig.data_id, joined, ts,
+                                                                         trig.ttl_ms))
                 owners.setdefault(shard, []).append(w)
             w.buckets = None
         shards = list(per_shard)
