@@ -171,9 +171,7 @@ def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
         req_ts, data_id, old_status = ts_ms, tables.unpack(popped), None
     else:
         return
-    tally.move(request_id, old_status, status)
-    if status == tables.STATUS_DELIVERED:
-        tally.delivered_at(request_id, done_ts_ms)
+    tally.finish(request_id, old_status, status, done_ts_ms)
     txn.put(rkey, tables.pack([req_ts, data_id, status, done_ts_ms]), db=reqs)
 
 

@@ -31,7 +31,7 @@ FIELDS: tuple[str, ...] = (*STATUSES, "first_delivery_ms", "last_delivery_ms", "
 _INDEX = {status: i for i, status in enumerate(STATUSES)}
 _N = len(STATUSES)
 _FIRST, _LAST, _EXPIRES = _N, _N + 1, _N + 2
-_DELIVERED = _INDEX[tables.STATUS_DELIVERED]
+_DELIVERED_STATUS = tables.STATUS_DELIVERED
 
 
 def _empty() -> list[Any]:
@@ -62,11 +62,26 @@ class RequestTally:
         if new is not None:
             d[_INDEX[new]] += n
 
-    def delivered_at(self, request_id: str, ts_ms: int) -> None:
-        """A row of ``request_id`` was acknowledged at ``ts_ms`` (first/last delivery time)."""
-        d = self._of(request_id)
-        d[_FIRST] = ts_ms if d[_FIRST] is None else min(d[_FIRST], ts_ms)
-        d[_LAST] = ts_ms if d[_LAST] is None else max(d[_LAST], ts_ms)
+    def finish(self, request_id: str, old: str | None, new: str, ts_ms: int) -> None:
+        """One row of ``request_id`` went from ``old`` to ``new`` at ``ts_ms`` (ack, discard, expiry).
+
+        :meth:`move` plus :meth:`delivered_at` in one call: this runs once per delivery, so it is inlined
+        (two method calls and ``min``/``max`` per row cost ~3 us per delivery in the hot path bench).
+        """
+        d = self._deltas.get(request_id)
+        if d is None:
+            d = self._deltas[request_id] = _empty()
+        if old != new:
+            if old is not None:
+                d[_INDEX[old]] -= 1
+            d[_INDEX[new]] += 1
+        if new == _DELIVERED_STATUS:
+            first = d[_FIRST]
+            if first is None or ts_ms < first:
+                d[_FIRST] = ts_ms
+            last = d[_LAST]
+            if last is None or ts_ms > last:
+                d[_LAST] = ts_ms
 
     def expires(self, request_id: str, expires_ms: int) -> None:
         """``request_id``'s rows are not delivered after ``expires_ms`` (the trigger's ttl)."""
