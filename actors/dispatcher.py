@@ -292,6 +292,15 @@ class Dispatcher:
             self._kick()
         return self.core.request_status(request_id)
 
+    async def request_control(self, ops: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
+        """Per ``(verb, request_id)`` of :mod:`fanout.request_control` (a platform's status or cancel over MQTT):
+        the status after the verb; a cancel of a request unknown here writes nothing."""
+        out: list[dict[str, Any] | None] = []
+        for verb, request_id in ops:
+            known = self.core.request_status(request_id)
+            out.append(await self.cancel_request(request_id) if verb == "cancel" and known is not None else known)
+        return out
+
     async def expire_sweep(self) -> dict[str, Any]:
         """Settle for good the pending rows of the requests whose ttl has passed (the GC cycle calls it).
 

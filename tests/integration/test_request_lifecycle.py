@@ -102,3 +102,21 @@ def test_list_metrics_and_a_dispatcher_restart(cluster):
         ray.kill(d, no_restart=False)
     wait_until(lambda: {r["request_id"]: counts(r) for r in api(cluster, "api/requests?limit=1000").json()
                         .get("requests", [])} == before, 60, "the same counters after the restart")
+
+
+def test_platform_client_status_and_cancel_over_mqtt(cluster, tmp_path):
+    from fanout.client import SyncFanoutClient
+
+    client = SyncFanoutClient(port=cluster.port, username="platform", password="platform", outbox_dir=tmp_path / "ob")
+    client.start()
+    try:
+        client.submit(["CLI0", "CLI1"], b"BLOB", request_id="by-client", data_id="d-client").acked(timeout=30)
+        before = client.status("by-client")
+        assert counts(before) == (2, 0, 2, 0, 0, 0, 0) and before["state"] == "active"
+        assert client.status().connected  # without an argument: the client's own status, as before
+        after = client.cancel("by-client")
+        assert counts(after) == (2, 0, 0, 0, 0, 0, 2) and after["state"] == "cancelled"
+        assert client.status("unknown-request") is None and client.cancel("unknown-request") is None
+        assert counts(status(cluster, "by-client")) == counts(after)  # the HTTP API sees the same
+    finally:
+        client.close()
