@@ -281,6 +281,10 @@ class Dispatcher:
         """This shard's requests (by request id, at most ``limit``) with their counters."""
         return self.core.list_requests(limit)
 
+    async def request_states(self, limit: int = 100_000) -> list[tuple[str, int, int, int]]:
+        """``(request_id, pending, cancelled, expired)`` of this shard's requests (``fanout_requests{state}``)."""
+        return self.store.request_states(limit)
+
     async def cancel_request(self, request_id: str) -> dict[str, Any] | None:
         """Cancel ``request_id`` on this shard: nothing more of it is sent, its pending rows are settled as
         cancelled (durable and replicated when this returns). Idempotent. Returns the status after it."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from fanout.dispatcher.lifecycle import merge
 from storage.keys import check_request_id, check_vin, shard_of
-from storage.request_stats import REQUEST_STATES
+from storage.request_stats import count_states
 
 CALL_TIMEOUT_S = 10.0
 STATES_LIMIT = 100_000  # requests per shard read for fanout_requests{state}
@@ -66,10 +66,7 @@ class RequestDesk:
 
     async def request_states(self) -> dict[str, int]:
         """How many requests are in each state (``active``, ``done``, ``cancelled``, ``expired``)."""
-        counts = dict.fromkeys(REQUEST_STATES, 0)
-        for row in await self.list_requests(STATES_LIMIT):
-            counts[row["state"]] += 1
-        return counts
+        return count_states(await self._ask("request_states", STATES_LIMIT))
 
     async def expire_sweep(self) -> dict[str, Any]:
         """Every shard settles the pending rows of its lapsed requests (the GC cycle's expiry step)."""

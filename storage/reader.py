@@ -182,6 +182,10 @@ class ShardReader:
         """The counters of every request known to this shard, by request id (at most ``limit``)."""
         return self._read(lambda txn: list(request_stats.iter_all(txn, self._dbs.requests, limit)))
 
+    def request_states(self, limit: int | None = None) -> list[tuple[str, int, int, int]]:
+        """``(request_id, pending, cancelled, expired)`` of every request known to this shard (at most ``limit``)."""
+        return self._read(lambda txn: list(request_stats.iter_states(txn, self._dbs.requests, limit)))
+
     def get_retained_all(self) -> list[dict[str, Any]]:
         """Every retained message ``{topic, payload, qos, ts_ms}``."""
         return self._read(lambda txn: [tables.decode_retained(v) for _, v in txn.cursor(self._dbs.retained)])

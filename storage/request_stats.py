@@ -132,6 +132,19 @@ def iter_all(txn: lmdb.Transaction, db: Any, limit: int | None = None) -> Iterat
         yield decode(bytes(key).decode("utf-8"), raw)
 
 
+def iter_states(txn: lmdb.Transaction, db: Any, limit: int | None = None) -> Iterator[tuple[str, int, int, int]]:
+    """``(request_id, pending, cancelled, expired)`` of every request (what :func:`state_of` needs), without
+    building a dict per request: ``fanout_requests{state}`` reads every request at each scrape."""
+    pending, cancelled = _INDEX[tables.STATUS_PENDING], _INDEX[tables.STATUS_CANCELLED]
+    expired = _INDEX[tables.STATUS_EXPIRED]
+    unpack = tables.unpack
+    for n, (key, raw) in enumerate(txn.cursor(db)):
+        if limit is not None and n >= limit:
+            return
+        row = unpack(raw)
+        yield bytes(key).decode("utf-8"), row[pending], row[cancelled], row[expired]
+
+
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum one request's counters over shards (first/last: min/max; expiry: the latest)."""
     out: dict[str, Any] = {"request_id": parts[0]["request_id"], "vins": 0}
@@ -146,16 +159,33 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def state_of(counters: dict[str, Any]) -> str:
     """One word for a request: ``active`` (rows pending), ``cancelled``, ``expired`` or ``done``."""
-    if counters.get(tables.STATUS_PENDING, 0) > 0:
-        return "active"
-    if counters.get(tables.STATUS_CANCELLED, 0) > 0:
-        return "cancelled"
-    if counters.get(tables.STATUS_EXPIRED, 0) > 0:
-        return "expired"
-    return "done"
+    return _state(counters.get(tables.STATUS_PENDING, 0), counters.get(tables.STATUS_CANCELLED, 0),
+                  counters.get(tables.STATUS_EXPIRED, 0))
+
+
+def _state(pending: int, cancelled: int, expired: int) -> str:
+    return "active" if pending > 0 else "cancelled" if cancelled > 0 else "expired" if expired > 0 else "done"
 
 
 REQUEST_STATES: tuple[str, ...] = ("active", "done", "cancelled", "expired")
 
-__all__ = ["RequestTally", "STATUSES", "FIELDS", "REQUEST_STATES", "decode", "read_one", "iter_all", "merge",
-           "state_of"]
+
+def count_states(shard_rows: list[list[tuple[str, int, int, int]]]) -> dict[str, int]:
+    """Requests per state from every shard's :func:`iter_states` rows (a request is summed over shards first)."""
+    totals: dict[str, list[int]] = {}
+    for rows in shard_rows:
+        for rid, pending, cancelled, expired in rows:
+            t = totals.get(rid)
+            if t is None:
+                totals[rid] = [pending, cancelled, expired]
+            else:
+                t[0] += pending
+                t[1] += cancelled
+                t[2] += expired
+    out = dict.fromkeys(REQUEST_STATES, 0)
+    for pending, cancelled, expired in totals.values():
+        out[_state(pending, cancelled, expired)] += 1
+    return out
+
+__all__ = ["RequestTally", "STATUSES", "FIELDS", "REQUEST_STATES", "decode", "read_one", "iter_all", "iter_states",
+           "merge", "state_of", "count_states"]

@@ -164,3 +164,19 @@ def test_merge_over_shards():
 def test_settle_pending_refuses_other_statuses():
     with pytest.raises(ValueError):
         WriteBatch().settle_pending("r", tables.STATUS_DELIVERED, T0)
+
+
+def test_request_states_counted_over_shards(tmp_path):
+    stores = [ShardStore(shard_dir(tmp_path, k), k, sync=False) for k in range(2)]
+    try:
+        stores[0].apply(WriteBatch().enqueue_many(["A"], T0, "mixed", "d").enqueue_many(["A"], T0, "gone", "d"))
+        stores[1].apply(WriteBatch().enqueue_many(["B"], T0, "mixed", "d").enqueue_many(["B"], T0, "late", "d"))
+        stores[0].apply(WriteBatch().ack("A", T0, "mixed", T0 + 1).settle_pending("gone", tables.STATUS_CANCELLED, T0))
+        stores[1].apply(WriteBatch().settle_pending("late", tables.STATUS_EXPIRED, T0))
+        rows = [s.request_states() for s in stores]
+        assert request_stats.count_states(rows) == {"active": 1, "done": 0, "cancelled": 1, "expired": 1}
+        stores[1].apply(WriteBatch().ack("B", T0, "mixed", T0 + 2))
+        assert request_stats.count_states([s.request_states() for s in stores])["done"] == 1
+    finally:
+        for s in stores:
+            s.close()
