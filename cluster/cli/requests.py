@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 from typing import Any
 
 from cluster.cli.status import _call, _common
@@ -69,17 +70,21 @@ def _render(args: argparse.Namespace, text: Any) -> Any:
     return (lambda result: json.dumps(result, indent=2, default=str)) if args.json else text
 
 
-def _one(args: argparse.Namespace, method: str) -> int:
-    found: list[Any] = []
+class _Unknown(Exception):
+    """The cluster answered None: no such request."""
 
+
+def _one(args: argparse.Namespace, method: str) -> int:
     def render(result: Any) -> str:
-        found.append(result)
         if result is None:
-            return f"fanout: no request {args.request_id!r} is known to the cluster"
+            raise _Unknown
         return _render(args, detail)(result)
 
-    code = _call(args, method, args.request_id, render=render)
-    return UNKNOWN_EXIT if code == 0 and found == [None] else code
+    try:
+        return _call(args, method, args.request_id, render=render)
+    except _Unknown:
+        print(f"fanout: no request {args.request_id!r} is known to the cluster", file=sys.stderr)
+        return UNKNOWN_EXIT
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -81,7 +81,7 @@ def test_fanout_up_prints_ready_line_serves_status_refuses_offline_gc_and_stops_
         after = json.loads(cancelled.stdout)
         assert (after["cancelled"], after["pending"], after["state"]) == (2, 0, "cancelled")
         unknown = requests("show", "no-such-request")
-        assert unknown.returncode == 2 and "no request 'no-such-request'" in unknown.stdout
+        assert unknown.returncode == 2 and "no request 'no-such-request'" in unknown.stderr and unknown.stdout == ""
         # offline GC would write the shards behind the dispatchers' backs: refused at once, pointing at --live
         started = time.monotonic()
         gc = subprocess.run([FANOUT, "gc", "--now", "--data-dir", str(data_dir)], capture_output=True, text=True,
