@@ -298,12 +298,8 @@ class Dispatcher:
 
     async def request_control(self, ops: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
         """Per ``(verb, request_id)`` of :mod:`fanout.request_control` (a platform's status or cancel over MQTT):
-        the status after the verb; a cancel of a request unknown here writes nothing."""
-        out: list[dict[str, Any] | None] = []
-        for verb, request_id in ops:
-            known = self.core.request_status(request_id)
-            out.append(await self.cancel_request(request_id) if verb == "cancel" and known is not None else known)
-        return out
+        the status after the verb (the node asks for a cancel only of a request some shard knows)."""
+        return [await (self.cancel_request(rid) if verb == "cancel" else self.request_status(rid)) for verb, rid in ops]
 
     async def expire_sweep(self) -> dict[str, Any]:
         """Settle for good the pending rows of the requests whose ttl has passed (the GC cycle calls it).

@@ -51,7 +51,7 @@ class LocalShardLink:
         core = self.cores[shard]
         out = []
         for verb, request_id in ops:
-            if verb == "cancel" and core.request_status(request_id) is not None:
+            if verb == "cancel":
                 core.applied(core.store.apply(core.begin_cancel(request_id, time.time_ns() // 1_000_000)).counts)
                 core.end_cancel(request_id)
             out.append(core.request_status(request_id))

@@ -6,6 +6,7 @@ becomes ``ApplyResult.counts`` (``enqueue_new``, ``enqueue_dup``, ``ack_deleted`
 anywhere leaves the store untouched.
 
 Enqueue (the hot path, up to 1,000,000 VINs in one op):
+-. a request id that was cancelled on this shard queues nothing (one ``requests`` get per op);
 0. refresh the named blob's ``meta.ts_ms`` (once per op): a blob in use is never GC's "expired";
 1. sort the VIN list in place (insertion in key order is ~3x faster than random order in LMDB's
    B-tree; the primary pays the sort once, replicas receive the sorted list and re-sort in ~0.1 s);
@@ -31,7 +32,7 @@ import lmdb
 from storage import batch as B
 from storage import keys, tables
 from storage.errors import BatchFormatError
-from storage.request_stats import RequestTally
+from storage.request_stats import RequestTally, is_cancelled
 
 _TS = struct.Struct(">Q")
 _SEP = keys.SEP
@@ -103,6 +104,9 @@ def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> 
 
 def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, ts_ms, request_id, data_id, vins = op
+    if is_cancelled(txn, dbs.requests, request_id):  # a cancel is final (storage.request_stats)
+        _inc(counts, "enqueue_cancelled", len(vins))
+        return
     vins.sort()
     _refresh_meta(txn, dbs, data_id, ts_ms)
     rid = request_id.encode()
@@ -280,6 +284,8 @@ def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     if settled:
         txn.cursor(dbs.reqs).putmulti(settled)
     tally.move(request_id, tables.STATUS_PENDING, status, len(settled))
+    if status == tables.STATUS_CANCELLED:
+        tally.cancelled_at(request_id, ts_ms)
     _inc(counts, f"{status}_rows", len(settled))
 
 

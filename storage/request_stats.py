@@ -15,7 +15,10 @@ tally adds its deltas to the ``requests`` rows, one read and one write per reque
 
 Value (msgpack list, :data:`FIELDS` order): the count of each status in :data:`STATUSES`, the first and last
 delivery time (ms, None before the first), and the request's expiry time (ms, None without a ttl). A row
-whose counts all fall to 0 (GC deleted every ``reqs`` row) is deleted unless it still carries an expiry.
+whose counts all fall to 0 (GC deleted every ``reqs`` row) is deleted unless it still carries an expiry or a
+cancel. A cancel is final: the time it happened (``cancelled_ms``) stays in the row, and an ``enqueue`` of a
+cancelled request id queues nothing (a trigger re-sent by the platform, or the rest of a big trigger whose head
+was written before the cancel).
 """
 from __future__ import annotations
 
@@ -27,15 +30,15 @@ from storage import tables
 
 STATUSES: tuple[str, ...] = (tables.STATUS_PENDING, tables.STATUS_DELIVERED, tables.STATUS_DISCARDED,
                              tables.STATUS_EXPIRED, tables.STATUS_CANCELLED)
-FIELDS: tuple[str, ...] = (*STATUSES, "first_delivery_ms", "last_delivery_ms", "expires_ms")
+FIELDS: tuple[str, ...] = (*STATUSES, "first_delivery_ms", "last_delivery_ms", "expires_ms", "cancelled_ms")
 _INDEX = {status: i for i, status in enumerate(STATUSES)}
 _N = len(STATUSES)
-_FIRST, _LAST, _EXPIRES = _N, _N + 1, _N + 2
+_FIRST, _LAST, _EXPIRES, _CANCELLED_AT = _N, _N + 1, _N + 2, _N + 3
 _DELIVERED_STATUS = tables.STATUS_DELIVERED
 
 
 def _empty() -> list[Any]:
-    return [0] * _N + [None, None, None]
+    return [0] * _N + [None, None, None, None]
 
 
 class RequestTally:
@@ -87,6 +90,10 @@ class RequestTally:
         """``request_id``'s rows are not delivered after ``expires_ms`` (the trigger's ttl)."""
         self._of(request_id)[_EXPIRES] = expires_ms
 
+    def cancelled_at(self, request_id: str, ts_ms: int) -> None:
+        """``request_id`` was cancelled at ``ts_ms``: from now on a trigger naming it queues nothing."""
+        self._of(request_id)[_CANCELLED_AT] = ts_ms
+
     def flush(self, txn: lmdb.Transaction, db: Any) -> int:
         """Add the deltas to the ``requests`` rows in ``txn``; returns how many rows were written."""
         written = 0
@@ -101,7 +108,9 @@ class RequestTally:
                 row[_LAST] = d[_LAST] if row[_LAST] is None else max(row[_LAST], d[_LAST])
             if d[_EXPIRES] is not None:
                 row[_EXPIRES] = d[_EXPIRES]
-            if any(row[:_N]) or row[_EXPIRES] is not None:
+            if d[_CANCELLED_AT] is not None and row[_CANCELLED_AT] is None:
+                row[_CANCELLED_AT] = d[_CANCELLED_AT]
+            if any(row[:_N]) or row[_EXPIRES] is not None or row[_CANCELLED_AT] is not None:
                 txn.put(key, tables.pack(row), db=db)
             else:
                 txn.delete(key, db=db)
@@ -116,6 +125,12 @@ def decode(request_id: str, raw: bytes) -> dict[str, Any]:
     out: dict[str, Any] = {"request_id": request_id, "vins": sum(row[:_N])}
     out.update(zip(FIELDS, row))
     return out
+
+
+def is_cancelled(txn: lmdb.Transaction, db: Any, request_id: str) -> bool:
+    """Whether ``request_id`` was cancelled on this shard (a later trigger naming it then queues nothing)."""
+    raw = txn.get(request_id.encode(), db=db)
+    return raw is not None and tables.unpack(raw)[_CANCELLED_AT] is not None
 
 
 def read_one(txn: lmdb.Transaction, db: Any, request_id: str) -> dict[str, Any] | None:
@@ -151,7 +166,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for name in STATUSES:
         out[name] = sum(p.get(name, 0) for p in parts)
     out["vins"] = sum(p["vins"] for p in parts)
-    for name, pick in (("first_delivery_ms", min), ("last_delivery_ms", max), ("expires_ms", max)):
+    for name, pick in (("first_delivery_ms", min), ("last_delivery_ms", max), ("expires_ms", max),
+                       ("cancelled_ms", min)):
         values = [p[name] for p in parts if p.get(name) is not None]
         out[name] = pick(values) if values else None
     return out

@@ -15,7 +15,7 @@ is the column list an export (Parquet) uses.
 | sys | name | any msgpack scalar | name, value |
 | retained | topic (or hash) | [topic, payload, qos, ts_ms] | topic, payload, qos, ts_ms |
 | metrics | name | [value, ts_ms] | name, value, ts_ms |
-| requests | request_id | [pending, delivered, discarded, expired, cancelled, first/last delivery ms, expires_ms] | request_id, the same fields (storage.request_stats) |
+| requests | request_id | [pending, delivered, discarded, expired, cancelled, first/last delivery ms, expires_ms, cancelled_ms] | request_id, the same fields (storage.request_stats) |
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
     RETAINED: ("topic", "payload", "qos", "ts_ms"),
     METRICS: ("name", "value", "ts_ms"),
     REQUESTS: ("request_id", "pending", "delivered", "discarded", "expired", "cancelled", "first_delivery_ms",
-               "last_delivery_ms", "expires_ms"),
+               "last_delivery_ms", "expires_ms", "cancelled_ms"),
 }
 
 _packer = msgpack.Packer(use_bin_type=True)

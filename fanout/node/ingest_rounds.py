@@ -40,7 +40,7 @@ import structlog
 
 from fanout.mqtt.hooks import IngestTicket
 from fanout.records import CONFLICT_PREFIX, BlobItem, IngestItem, join_vins
-from fanout.request_control import Control, is_request_topic, parse_control, reply
+from fanout.request_control import CANCEL, STATUS, Control, is_request_topic, parse_control, reply
 from fanout.trigger import (
     TRIGGER_TOPIC, Trigger, TriggerError, conflict_reason, parse_data_topic, parse_trigger, validate_blob,
 )
@@ -84,7 +84,8 @@ class ShardLink(Protocol):
 
     async def request_control(self, shard: int, ops: list[tuple[str, str]]) -> list[Any]:
         """Per ``(verb, request_id)`` (:mod:`fanout.request_control`): the shard's status of the request after
-        the verb (a cancel is durable when this returns), or None if the shard does not know it."""
+        the verb (a cancel is written, and durable when this returns, even where the shard has no row of the
+        request: it stays cancelled there), or None if the shard does not know it."""
         ...
 
 
@@ -403,8 +404,15 @@ class IngestRounds:
         if not asked:
             return
         ops = [(w.control.verb, w.control.request_id) for w in asked]  # type: ignore[union-attr]
-        per_shard = await asyncio.gather(*(self._link.request_control(s, ops) for s in range(self._link.shards)),
+        shards = range(self._link.shards)
+        cancels = sorted({rid for verb, rid in ops if verb == CANCEL})
+        if cancels:  # a cancel is written on every shard (final there too), but only for a request some shard knows
+            known = await asyncio.gather(*(self._link.request_control(s, [(STATUS, r) for r in cancels]) for s in shards),
                                          return_exceptions=True)
+            unknown = {r for i, r in enumerate(cancels)
+                       if all(not isinstance(k, BaseException) and k[i] is None for k in known)}
+            ops = [(STATUS, rid) if verb == CANCEL and rid in unknown else (verb, rid) for verb, rid in ops]
+        per_shard = await asyncio.gather(*(self._link.request_control(s, ops) for s in shards), return_exceptions=True)
         for i, w in enumerate(asked):
             parts = [answers if isinstance(answers, BaseException) else answers[i] for answers in per_shard]
             outcomes[w.index] = reply(w.control, parts)  # type: ignore[arg-type]

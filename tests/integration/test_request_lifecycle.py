@@ -50,6 +50,10 @@ def test_cancel_stops_delivery_and_records_the_puback_in_flight(cluster):
         late = Vehicle(cluster.port, vins[1])
         late.heartbeat()
         late.no_message(1.5)  # nothing more of the request is delivered
+        publish_batch(cluster.port, [vins[1], "CAN3"], "cancel-me")  # a cancel is final: a re-send queues nothing
+        late.heartbeat()
+        late.no_message(1.0)
+        assert counts(status(cluster, "cancel-me"))[0] == 3
         holder.ack(msg)  # the in-flight one arrived: its PUBACK is recorded
         wait_until(lambda: counts(status(cluster, "cancel-me")) == (3, 1, 0, 0, 0, 0, 2), 15, "the late PUBACK")
     finally:

@@ -2,7 +2,8 @@
 and going, PUBACKs, cancels, time passing, the GC expiry sweep and restarts (hypothesis).
 
 Invariants: the store's per-request counters equal a recount of the ``reqs`` rows; no row of a request is
-handed to a node after its cancel started, nor at or after its expiry time.
+handed to a node after its cancel started (even when a later trigger names it again: a cancel is final), nor
+at or after its expiry time.
 """
 from __future__ import annotations
 
@@ -74,8 +75,6 @@ class Run:
         core, kind = self.core, op[0]
         if kind == "ingest":
             _, rid, vins, ttl = op
-            if rid in self.cancelled:
-                return  # a cancelled request id is not re-used in this model
             batch, _results, vin_lists = core.ingest_batch([IngestItem.build(rid, "d", join_vins(vins), self.now, ttl)])
             core.store.apply(batch)
             if ttl:

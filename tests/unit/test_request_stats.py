@@ -180,3 +180,17 @@ def test_request_states_counted_over_shards(tmp_path):
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_cancel_is_final_a_later_trigger_naming_the_request_queues_nothing(store):
+    store.apply(WriteBatch().enqueue_many(["A"], T0, "r", "d"))
+    store.apply(WriteBatch().settle_pending("r", tables.STATUS_CANCELLED, T0 + 1))
+    result = store.apply(WriteBatch().enqueue_many(["A", "B"], T0 + 2, "r", "d"))  # a re-send, and a new VIN
+    assert result.counts == {"enqueue_cancelled": 2}
+    assert store.pending_count() == 0
+    c = store.request_counters("r")
+    assert (c["vins"], c["cancelled"], c["cancelled_ms"]) == (1, 1, T0 + 1)
+    # cancelling on a shard that never saw the request keeps it from queuing there later, too
+    store.apply(WriteBatch().settle_pending("elsewhere", tables.STATUS_CANCELLED, T0 + 3))
+    assert store.apply(WriteBatch().enqueue_many(["C"], T0 + 4, "elsewhere", "d")).counts == {"enqueue_cancelled": 1}
+    assert store.request_counters("elsewhere")["vins"] == 0
