@@ -8,7 +8,6 @@ at or after its expiry time.
 from __future__ import annotations
 
 import tempfile
-from collections import Counter
 
 from hypothesis import given, settings, strategies as st
 
@@ -17,6 +16,8 @@ from fanout.records import (
     AckEvent, BlobItem, ConnectEvent, DisconnectEvent, HeartbeatEvent, IngestItem, SubscribedEvent, join_vins,
 )
 from storage import ShardStore, request_stats, tables
+
+from .test_request_stats import recount
 
 VINS = ["V0", "V1", "V2"]
 REQUESTS = ["r0", "r1", "r2"]
@@ -110,17 +111,6 @@ class Run:
             self.online.clear()
             self.inflight.clear()
         self.tick()
-
-
-def recount(store: ShardStore) -> dict[str, dict[str, int]]:
-    rows, cursor = store.scan(tables.REQS, None, 1000)
-    while cursor is not None:
-        more, cursor = store.scan(tables.REQS, cursor, 1000)
-        rows += more
-    out: dict[str, Counter] = {}
-    for row in rows:
-        out.setdefault(row["request_id"], Counter())[row["status"]] += 1
-    return {rid: {s: c[s] for s in request_stats.STATUSES} for rid, c in out.items()}
 
 
 @settings(max_examples=120, deadline=None)
