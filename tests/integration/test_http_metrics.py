@@ -192,9 +192,8 @@ def test_the_grafana_dashboard_and_scrape_config_use_what_metrics_serve(cluster)
     dashboard = json.loads((ROOT / "cluster" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     used = {name for e in exprs for name in re.findall(r"\bfanout_[a-z_]+", e)}
-    later = {"fanout_requests"}  # served once the request lifecycle keeps per-request counters
-    assert used - served - later == set(), sorted(used - served - later)
-    assert later <= used and len(exprs) >= 20
+    assert used - served == set(), sorted(used - served)  # every metric the dashboard uses is served
+    assert "fanout_requests" in used and len(exprs) >= 20
     scrape_config = yaml.safe_load((ROOT / "cluster" / "prometheus.yml").read_text())
     job = scrape_config["scrape_configs"][0]
     assert job["metrics_path"] == "/metrics"

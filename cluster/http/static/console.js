@@ -5,7 +5,9 @@
 
 const POLL_MS = 1000;
 const watched = new Map(); // request id -> <tr>
-let lifecycle = null; // true once GET /api/requests answers 200, false on 501, null before the first try
+// true once GET /api/requests answers 200; false on 501 (a cluster view without the request lifecycle, see
+// cluster/http/views.py: then requests are watched by id); null before the first try
+let lifecycle = null;
 
 const $ = (id) => document.getElementById(id);
 const fmt = (n) => (n === undefined || n === null ? "-" : Number(n).toLocaleString("en-US"));
