@@ -88,6 +88,9 @@ class _RayShardLink:
     async def ingest(self, shard: int, items: list[tuple]) -> list[Any]:
         return await self._call(shard, "ingest", items)
 
+    async def request_control(self, shard: int, ops: list[tuple[str, str]]) -> list[Any]:
+        return await self._call(shard, "request_control", ops)
+
 
 @ray.remote(num_cpus=0)
 class ConnectionNode:

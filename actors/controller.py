@@ -24,7 +24,7 @@ Strategy:
 - HTTP (``[http]``, port 0 = off): the service class handed in by ``cluster.runtime`` (``cluster.http``;
   ``actors/`` may not import it) is started as a task in ``__init__`` on this actor's loop and awaited by
   :meth:`ready` (as Ray Serve's proxy actor does); it calls :meth:`status`, :meth:`metrics_snapshot` and
-  :meth:`inspect` in process. A scrape costs one round of stats calls (as ``fanout status``), nothing is
+  :meth:`inspect` in process, and the request lifecycle (:mod:`actors.requests`). A scrape costs one round of stats calls (as ``fanout status``), nothing is
   added to the probe or housekeeping loops.
 """
 from __future__ import annotations
@@ -42,6 +42,7 @@ from storage import WriteBatch
 
 from .connection_node import ConnectionNode
 from .names import NODE_RESOURCE, fanout_ray_nodes, remote_error_text
+from .requests import RequestDesk
 from .shards import ShardSet
 
 log = structlog.get_logger(__name__)
@@ -101,6 +102,7 @@ class Controller:
         self._next_node = 0
         self._gc_running = False
         self._gc_figures: dict[str, Any] = {"ok": 0, "failed": 0, "seconds_sum": 0.0, "deleted": 0, "last_stage_s": {}}
+        self.requests = RequestDesk(lambda: self.dispatchers)
         self.http = http_service(config, self) if http_service is not None and config.http.port else None
         self._http_task = asyncio.get_event_loop().create_task(self.http.start()) if self.http is not None else None
 
@@ -352,33 +354,22 @@ class Controller:
                 "sys": {n: t for n, t in zip(node_ids, trees) if not isinstance(t, BaseException)}}
 
     async def inspect(self, kind: str, ident: str) -> dict[str, Any]:
-        """``fanout inspect vin|data|request ID``.
+        """``fanout inspect vin|data|request ID`` (see :meth:`actors.requests.RequestDesk.inspect`)."""
+        return await self.requests.inspect(kind, ident)
 
-        Raises:
-            ValueError: unknown kind or an invalid id.
-        """
-        from storage.keys import shard_of
+    # -- request lifecycle (actors.requests; the HTTP routes and ``fanout requests`` call these) --------------
 
-        if not self.dispatchers:
-            raise RuntimeError("the fanout cluster is not started")
-        if kind == "vin":
-            from storage.keys import check_vin
+    async def request_status(self, request_id: str) -> dict[str, Any] | None:
+        return await self.requests.request_status(request_id)
 
-            check_vin(ident)
-            return await self.dispatchers[shard_of(ident, len(self.dispatchers))].inspect_vin.remote(ident)
-        if kind == "request":
-            parts = await asyncio.gather(*(d.inspect_request.remote(ident) for d in self.dispatchers))
-            by_status: dict[str, int] = {}
-            for p in parts:
-                for st, n in p["by_status"].items():
-                    by_status[st] = by_status.get(st, 0) + n
-            return {"request_id": ident, "rows": sum(p["rows"] for p in parts), "by_status": by_status,
-                    "shards": parts}
-        if kind == "data":
-            metas = await asyncio.gather(*(d.inspect_data.remote(ident) for d in self.dispatchers))
-            return {"data_id": ident, "present_on_shards": sum(m is not None for m in metas),
-                    "shards": len(metas), "meta": next((m for m in metas if m is not None), None)}
-        raise ValueError(f"unknown inspect kind {kind!r} (vin, data or request)")
+    async def list_requests(self, limit: int = 100) -> list[dict[str, Any]]:
+        return await self.requests.list_requests(limit)
+
+    async def cancel_request(self, request_id: str) -> dict[str, Any] | None:
+        return await self.requests.cancel_request(request_id)
+
+    async def request_states(self) -> dict[str, int]:
+        return await self.requests.request_states()
 
     # -- housekeeping ----------------------------------------------------------------------------------------
 
@@ -398,6 +389,7 @@ class Controller:
         self._gc_running = True
         figures = self._gc_figures
         try:
+            swept = await self.requests.expire_sweep()  # lapsed ttls first: cheap, and not Spark's to plan
             target = gc_target(self.dispatchers)
             summary = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: run_gc_cycle(target, config=self.config))
@@ -410,8 +402,9 @@ class Controller:
         figures["seconds_sum"] += summary.stage_s.get("total", 0.0)
         figures["deleted"] += summary.deleted
         figures["last_stage_s"] = dict(summary.stage_s)
-        log.info("gc cycle done", now=now, plan_id=summary.plan_id, deleted=summary.deleted)
-        return summary.as_dict()
+        log.info("gc cycle done", now=now, plan_id=summary.plan_id, deleted=summary.deleted,
+                 expired_rows=swept["rows"])
+        return {**summary.as_dict(), "expired": swept}
 
     async def sys_values(self) -> dict[str, Any]:
         """The last cluster-wide ``$SYS/fanout/...`` values pushed to the nodes."""

@@ -271,6 +271,50 @@ class Dispatcher:
         info = await loop.run_in_executor(None, export.export_shard, self.store, out_dir)
         return info.as_dict() if hasattr(info, "as_dict") else dict(info)
 
+    # -- request lifecycle ------------------------------------------------------------------------------------
+
+    async def request_status(self, request_id: str) -> dict[str, Any] | None:
+        """This shard's counters of ``request_id`` with its rows in flight, or None if it has none here."""
+        return self.core.request_status(request_id)
+
+    async def list_requests(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """This shard's requests (by request id, at most ``limit``) with their counters."""
+        return self.core.list_requests(limit)
+
+    async def request_states(self, limit: int = 100_000) -> list[tuple[str, int, int, int]]:
+        """``(request_id, pending, cancelled, expired)`` of this shard's requests (``fanout_requests{state}``)."""
+        return self.store.request_states(limit)
+
+    async def cancel_request(self, request_id: str) -> dict[str, Any] | None:
+        """Cancel ``request_id`` on this shard: nothing more of it is sent, its pending rows are settled as
+        cancelled (durable and replicated when this returns). Idempotent. Returns the status after it."""
+        batch = self.core.begin_cancel(request_id, _now_ms())
+        try:
+            await self._write(batch)
+        finally:
+            self.core.end_cancel(request_id)
+            self._kick()
+        return self.core.request_status(request_id)
+
+    async def request_control(self, ops: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
+        """Per ``(verb, request_id)`` of :mod:`fanout.request_control` (a platform's status or cancel over MQTT):
+        the status after the verb (the node asks for a cancel only of a request some shard knows)."""
+        return [await (self.cancel_request(rid) if verb == "cancel" else self.request_status(rid)) for verb, rid in ops]
+
+    async def expire_sweep(self) -> dict[str, Any]:
+        """Settle for good the pending rows of the requests whose ttl has passed (the GC cycle calls it).
+
+        Returns:
+            ``{"requests": [request ids swept], "rows": n}``.
+        """
+        taken = self.core.lifecycle.sweep_batch(_now_ms())
+        if taken is None:
+            return {"requests": [], "rows": 0}
+        batch, lapsed = taken
+        counts = await self._write(batch)
+        self.core.lifecycle.swept(lapsed)
+        return {"requests": lapsed, "rows": counts.get("expired_rows", 0)}
+
     # -- introspection ----------------------------------------------------------------------------------------
 
     async def stats(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ with it.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fanout.dispatcher.core import DispatcherCore
@@ -45,6 +46,16 @@ class LocalShardLink:
                 for _ready, _give_way in core.dispatch_slices(part.vin_lists):
                     pass
         return job.results()
+
+    async def request_control(self, shard: int, ops: list[tuple[str, str]]) -> list[Any]:
+        core = self.cores[shard]
+        out = []
+        for verb, request_id in ops:
+            if verb == "cancel":
+                core.applied(core.store.apply(core.begin_cancel(request_id, time.time_ns() // 1_000_000)).counts)
+                core.end_cancel(request_id)
+            out.append(core.request_status(request_id))
+        return out
 
 
 __all__ = ["LocalShardLink"]

@@ -231,10 +231,11 @@ class IngestItem(NamedTuple):
     data_id: str
     joined_vins: str  # the shard's VINs, join_vins()
     ts_ms: int  # row time: orders each vehicle's queue
+    ttl_ms: int  # the trigger's time to live (0: none): rows not delivered by ts_ms + ttl_ms expire
 
     @staticmethod
-    def build(request_id: str, data_id: str, joined_vins: str, ts_ms: int) -> tuple:
-        return (request_id, data_id, joined_vins, ts_ms)
+    def build(request_id: str, data_id: str, joined_vins: str, ts_ms: int, ttl_ms: int = 0) -> tuple:
+        return (request_id, data_id, joined_vins, ts_ms, ttl_ms)
 
 
 # -- ConnectionNode -> ConnectionNode -------------------------------------------------------------------------

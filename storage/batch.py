@@ -42,6 +42,9 @@ DELETE_RETAINED = 12  # (op, topic)
 PUT_METRIC = 13  # (op, name, value, ts_ms)
 REPOINT_IDS_IF = 14  # (op, vin, ts_ms, request_id, expected_data_id, new_data_id)
 DISCARD = 15  # (op, vin, ts_ms, request_id, discarded_ts_ms)
+EXPIRE = 16  # (op, vin, ts_ms, request_id, expired_ts_ms)
+SETTLE_PENDING = 17  # (op, request_id, status, ts_ms): every pending row of the request -> status (cancel, expiry)
+SET_EXPIRY = 18  # (op, request_id, expires_ms)
 
 OP_NAMES: dict[int, str] = {
     PUT_BLOB: "put_blob",
@@ -59,7 +62,11 @@ OP_NAMES: dict[int, str] = {
     PUT_METRIC: "put_metric",
     REPOINT_IDS_IF: "repoint_ids_if",
     DISCARD: "discard",
+    EXPIRE: "expire",
+    SETTLE_PENDING: "settle_pending",
+    SET_EXPIRY: "set_expiry",
 }
+SETTLE_STATUSES = ("cancelled", "expired")  # what settle_pending may set (storage.tables.STATUS_*)
 
 # Rough stored bytes per op (key + value + node headers, pages ~2/3 full); used to grow the map
 # before a big batch instead of failing it once with MapFullError.
@@ -216,6 +223,38 @@ class WriteBatch:
             ValueError: a key that is not an ``ids`` key, or an invalid ``discarded_ts_ms``.
         """
         return self._finish_rows(DISCARD, row_keys, keys.check_ts_ms(discarded_ts_ms, "discarded_ts_ms"))
+
+    def expire_rows(self, row_keys: Iterable[bytes], expired_ts_ms: int) -> WriteBatch:
+        """Rows not delivered within their request's ttl: delete them from ``ids``; mark ``reqs`` expired.
+
+        Raises:
+            ValueError: a key that is not an ``ids`` key, or an invalid ``expired_ts_ms``.
+        """
+        return self._finish_rows(EXPIRE, row_keys, keys.check_ts_ms(expired_ts_ms, "expired_ts_ms"))
+
+    def settle_pending(self, request_id: str, status: str, ts_ms: int) -> WriteBatch:
+        """Every pending row of ``request_id`` on the shard: ``ids`` row deleted, ``reqs`` row set to
+        ``status`` (``"cancelled"`` by a cancel, ``"expired"`` by the GC cycle's expiry sweep). A row in
+        flight is one of them: its PUBACK, if it comes, still records it delivered (``ack``).
+
+        Raises:
+            ValueError: invalid request id or timestamp, or a status not in :data:`SETTLE_STATUSES`.
+        """
+        keys.check_request_id(request_id)
+        if status not in SETTLE_STATUSES:
+            raise ValueError(f"settle_pending status must be one of {SETTLE_STATUSES}, got {status!r}")
+        self.ops.append((SETTLE_PENDING, request_id, status, keys.check_ts_ms(ts_ms)))
+        return self
+
+    def set_expiry(self, request_id: str, expires_ms: int) -> WriteBatch:
+        """Record that ``request_id``'s rows are not delivered after ``expires_ms`` (its trigger's ttl).
+
+        Raises:
+            ValueError: invalid request id or time.
+        """
+        keys.check_request_id(request_id)
+        self.ops.append((SET_EXPIRY, request_id, keys.check_ts_ms(expires_ms, "expires_ms")))
+        return self
 
     def _finish_rows(self, opcode: int, row_keys: Iterable[bytes], ts_ms: int) -> WriteBatch:
         append = self.ops.append

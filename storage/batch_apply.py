@@ -6,6 +6,7 @@ becomes ``ApplyResult.counts`` (``enqueue_new``, ``enqueue_dup``, ``ack_deleted`
 anywhere leaves the store untouched.
 
 Enqueue (the hot path, up to 1,000,000 VINs in one op):
+-. a request id that was cancelled on this shard queues nothing (one ``requests`` get per op);
 0. refresh the named blob's ``meta.ts_ms`` (once per op): a blob in use is never GC's "expired";
 1. sort the VIN list in place (insertion in key order is ~3x faster than random order in LMDB's
    B-tree; the primary pays the sort once, replicas receive the sorted list and re-sort in ~0.1 s);
@@ -31,6 +32,7 @@ import lmdb
 from storage import batch as B
 from storage import keys, tables
 from storage.errors import BatchFormatError
+from storage.request_stats import RequestTally, is_cancelled
 
 _TS = struct.Struct(">Q")
 _SEP = keys.SEP
@@ -46,6 +48,7 @@ class Dbs(NamedTuple):
     sys: Any
     retained: Any
     metrics: Any
+    requests: Any
 
 
 Counts = dict[str, int]
@@ -55,7 +58,7 @@ def _inc(counts: Counts, name: str, n: int = 1) -> None:
     counts[name] = counts.get(name, 0) + n
 
 
-def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, blob, ts_ms, sha1 = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -72,7 +75,7 @@ def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     txn.put(key, tables.encode_meta(ts_ms, len(blob), sha1), db=dbs.meta)
 
 
-def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, ts_ms = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -99,8 +102,11 @@ def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> 
             txn.put(key, tables.encode_meta(ts_ms, size, sha1), db=dbs.meta)
 
 
-def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, ts_ms, request_id, data_id, vins = op
+    if is_cancelled(txn, dbs.requests, request_id):  # a cancel is final (storage.request_stats)
+        _inc(counts, "enqueue_cancelled", len(vins))
+        return
     vins.sort()
     _refresh_meta(txn, dbs, data_id, ts_ms)
     rid = request_id.encode()
@@ -116,6 +122,7 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     if not found:  # zip() hands putmulti one reused 2-tuple: no million-tuple lists
         consumed, added = rcur.putmulti(zip(rkeys, repeat(pending)), overwrite=False)
         icur.putmulti(zip(map(bytes.__add__, vbs, repeat(suffix)), repeat(ids_value)))
+        tally.move(request_id, None, tables.STATUS_PENDING, added)
         _inc(counts, "enqueue_new", added)
         _inc(counts, "enqueue_dup", consumed - added)
         return
@@ -126,25 +133,31 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
     requeue = [k for k, raw in existing.items() if raw != pending and unpack(raw)[1] != data_id]
     plen = len(rprefix)
     for rk in requeue:  # the request id was re-used with another blob: queue it, reqs follows it
+        tally.move(request_id, unpack(existing[rk])[2], tables.STATUS_PENDING)
         rcur.put(rk, pending)
         icur.put(rk[plen:] + suffix, ids_value)
     fresh = [(rk, vb) for rk, vb in zip(rkeys, vbs) if rk not in existing]
     consumed, added = rcur.putmulti([(rk, pending) for rk, _ in fresh], overwrite=False)
     icur.putmulti([(vb + suffix, ids_value) for _, vb in fresh])
+    tally.move(request_id, None, tables.STATUS_PENDING, added)
     _inc(counts, "enqueue_new", added + len(requeue))
     _inc(counts, "enqueue_dup", len(rkeys) - len(fresh) - len(requeue) + consumed - added)
 
 
-def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
-    _finish_row(txn, dbs, op, counts, tables.STATUS_DELIVERED, "ack_deleted", "ack_missing")
+def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    _finish_row(txn, dbs, op, counts, tally, tables.STATUS_DELIVERED, "ack_deleted", "ack_missing")
 
 
-def _discard(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
-    _finish_row(txn, dbs, op, counts, tables.STATUS_DISCARDED, "discard_deleted", "discard_missing")
+def _discard(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    _finish_row(txn, dbs, op, counts, tally, tables.STATUS_DISCARDED, "discard_deleted", "discard_missing")
 
 
-def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, status: str, deleted: str,
-                missing: str) -> None:
+def _expire(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    _finish_row(txn, dbs, op, counts, tally, tables.STATUS_EXPIRED, "expire_deleted", "expire_missing")
+
+
+def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally, status: str,
+                deleted: str, missing: str) -> None:
     """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row."""
     _, vin, ts_ms, request_id, done_ts_ms = op
     vb, rid = vin.encode(), request_id.encode()
@@ -155,21 +168,24 @@ def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, status
     reqs = dbs.reqs
     raw = txn.get(rkey, db=reqs)
     if raw is not None:
-        req_ts, data_id, _status, _ = tables.unpack(raw)
+        req_ts, data_id, old_status, _ = tables.unpack(raw)
+        if popped is None and old_status != tables.STATUS_PENDING and status != tables.STATUS_DELIVERED:
+            return  # the row was settled already (cancelled, expired, acked): only a late PUBACK may still change it
     elif popped is not None:
-        req_ts, data_id = ts_ms, tables.unpack(popped)
+        req_ts, data_id, old_status = ts_ms, tables.unpack(popped), None
     else:
         return
+    tally.finish(request_id, old_status, status, done_ts_ms)
     txn.put(rkey, tables.pack([req_ts, data_id, status, done_ts_ms]), db=reqs)
 
 
-def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id = op
     hit = txn.delete(vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode(), db=dbs.ids)
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected = op
     key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
     raw = txn.get(key, db=dbs.ids)
@@ -180,7 +196,7 @@ def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> 
     _inc(counts, "deleted")
 
 
-def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected, new_data_id = op
     key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
     raw = txn.get(key, db=dbs.ids)
@@ -191,13 +207,15 @@ def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) ->
     _inc(counts, "repointed")
 
 
-def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, vin = op
-    hit = txn.delete(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
-    _inc(counts, "deleted" if hit else "delete_missing")
+    raw = txn.pop(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
+    if raw is not None:
+        tally.move(request_id, tables.unpack(raw)[2], None)
+    _inc(counts, "deleted" if raw is not None else "delete_missing")
 
 
-def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, vin, expected_ts, expected_status = op
     key = request_id.encode() + _SEP + vin.encode()
     raw = txn.get(key, db=dbs.reqs)
@@ -205,19 +223,20 @@ def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) ->
         ts_ms, _data_id, status, _ = tables.unpack(raw)
         if ts_ms == expected_ts and status == expected_status:
             txn.delete(key, db=dbs.reqs)
+            tally.move(request_id, status, None)
             _inc(counts, "deleted")
             return
     _inc(counts, "guard_skipped")
 
 
-def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     key = op[1].encode()
     hit = txn.delete(key, db=dbs.meta)
     hit = txn.delete(key, db=dbs.data) or hit
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, expected_ts = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -229,24 +248,54 @@ def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) ->
     _inc(counts, "deleted")
 
 
-def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, topic, payload, qos, ts_ms = op
     txn.put(keys.retained_key(topic), tables.encode_retained(topic, payload, qos, ts_ms), db=dbs.retained)
     _inc(counts, "retained_put")
 
 
-def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     hit = txn.delete(keys.retained_key(op[1]), db=dbs.retained)
     _inc(counts, "retained_deleted" if hit else "delete_missing")
 
 
-def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts) -> None:
+def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, name, value, ts_ms = op
     txn.put(name.encode(), tables.encode_metric(value, ts_ms), db=dbs.metrics)
     _inc(counts, "metric_put")
 
 
-_HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts], None]] = {
+def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    """Cancel or expire a whole request on this shard: a prefix scan of its ``reqs`` rows (the operation
+    itself, not the counters, reads the rows: it has to find the pending ones)."""
+    _, request_id, status, ts_ms = op
+    rid = request_id.encode()
+    prefix = rid + _SEP
+    cur = txn.cursor(dbs.reqs)
+    settled: list[tuple[bytes, bytes]] = []
+    if cur.set_range(prefix):
+        for key, raw in cur:
+            if not key.startswith(prefix):
+                break
+            req_ts, data_id, old, _ = tables.unpack(raw)
+            if old == tables.STATUS_PENDING:
+                settled.append((key, tables.pack([req_ts, data_id, status, ts_ms])))
+                txn.delete(key[len(prefix):] + _SEP + _TS.pack(req_ts) + rid, db=dbs.ids)
+    if settled:
+        txn.cursor(dbs.reqs).putmulti(settled)
+    tally.move(request_id, tables.STATUS_PENDING, status, len(settled))
+    if status == tables.STATUS_CANCELLED:
+        tally.cancelled_at(request_id, ts_ms)
+    _inc(counts, f"{status}_rows", len(settled))
+
+
+def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    _, request_id, expires_ms = op
+    tally.expires(request_id, expires_ms)
+    _inc(counts, "expiry_set")
+
+
+_HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, RequestTally], None]] = {
     B.PUT_BLOB: _put_blob,
     B.TOUCH_META: _touch_meta,
     B.ENQUEUE: _enqueue,
@@ -262,6 +311,9 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts], None]] = {
     B.PUT_METRIC: _put_metric,
     B.REPOINT_IDS_IF: _repoint_ids_if,
     B.DISCARD: _discard,
+    B.EXPIRE: _expire,
+    B.SETTLE_PENDING: _settle_pending,
+    B.SET_EXPIRY: _set_expiry,
 }
 
 
@@ -281,13 +333,15 @@ def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any]) -> Counts:
         lmdb.Error: from LMDB (``MapFullError`` is handled by the caller).
     """
     counts: Counts = {}
+    tally = RequestTally()
     handlers = _HANDLERS
     for op in ops:
         handler = handlers.get(op[0]) if op else None
         if handler is None:
             raise BatchFormatError(f"unknown write batch op {op[:1]!r}")
         try:
-            handler(txn, dbs, op, counts)
-        except (ValueError, TypeError) as exc:
+            handler(txn, dbs, op, counts, tally)
+        except (ValueError, TypeError, KeyError) as exc:
             raise BatchFormatError(f"malformed {B.OP_NAMES[op[0]]} op: {exc}") from exc
+    tally.flush(txn, dbs.requests)
     return counts

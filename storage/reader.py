@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 import lmdb
 
-from storage import keys, tables
+from storage import keys, request_stats, tables
 from storage.guard import ResizeGuard
 
 _T = TypeVar("_T")
@@ -172,6 +172,19 @@ class ShardReader:
             return None
 
         return self._read(read)
+
+    def request_counters(self, request_id: str) -> dict[str, Any] | None:
+        """The lifecycle counters of one request on this shard (``storage.request_stats``), or None."""
+        keys.check_request_id(request_id)
+        return self._read(lambda txn: request_stats.read_one(txn, self._dbs.requests, request_id))
+
+    def request_counters_all(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The counters of every request known to this shard, by request id (at most ``limit``)."""
+        return self._read(lambda txn: list(request_stats.iter_all(txn, self._dbs.requests, limit)))
+
+    def request_states(self, limit: int | None = None) -> list[tuple[str, int, int, int]]:
+        """``(request_id, pending, cancelled, expired)`` of every request known to this shard (at most ``limit``)."""
+        return self._read(lambda txn: list(request_stats.iter_states(txn, self._dbs.requests, limit)))
 
     def get_retained_all(self) -> list[dict[str, Any]]:
         """Every retained message ``{topic, payload, qos, ts_ms}``."""

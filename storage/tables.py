@@ -15,6 +15,7 @@ is the column list an export (Parquet) uses.
 | sys | name | any msgpack scalar | name, value |
 | retained | topic (or hash) | [topic, payload, qos, ts_ms] | topic, payload, qos, ts_ms |
 | metrics | name | [value, ts_ms] | name, value, ts_ms |
+| requests | request_id | [pending, delivered, discarded, expired, cancelled, first/last delivery ms, expires_ms, cancelled_ms] | request_id, the same fields (storage.request_stats) |
 """
 from __future__ import annotations
 
@@ -31,13 +32,16 @@ REQS = "reqs"
 SYS = "sys"
 RETAINED = "retained"
 METRICS = "metrics"
-ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS)
-USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS)
+REQUESTS = "requests"  # per-request lifecycle counters (storage.request_stats)
+ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS, REQUESTS)
+USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS, REQUESTS)
 """Tables whose content replication keeps identical on every replica (``sys`` is per store)."""
 
 STATUS_PENDING = "pending"
 STATUS_DELIVERED = "delivered"
 STATUS_DISCARDED = "discarded"  # dropped undelivered: its blob was gone (garbage-collected) when it was due
+STATUS_EXPIRED = "expired"  # not delivered within the trigger's ttl
+STATUS_CANCELLED = "cancelled"  # removed undelivered by a cancel of its request
 
 SYS_APPLIED_SEQ = b"applied_seq"
 SYS_EPOCH = b"epoch"
@@ -51,6 +55,8 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
     SYS: ("name", "value"),
     RETAINED: ("topic", "payload", "qos", "ts_ms"),
     METRICS: ("name", "value", "ts_ms"),
+    REQUESTS: ("request_id", "pending", "delivered", "discarded", "expired", "cancelled", "first_delivery_ms",
+               "last_delivery_ms", "expires_ms", "cancelled_ms"),
 }
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -143,6 +149,9 @@ def decode_row(db: str, key: bytes, raw: bytes) -> dict[str, Any]:
         return decode_metric(raw, bytes(key).decode("utf-8"))
     if db == SYS:
         return {"name": bytes(key).decode("utf-8"), "value": unpack(raw)}
+    if db == REQUESTS:
+        request_id = bytes(key).decode("utf-8")
+        return {"request_id": request_id, **dict(zip(ROW_FIELDS[REQUESTS][1:], unpack(raw)))}
     raise ValueError(f"unknown table {db!r}; tables are {', '.join(ALL_DBS)}")
 
 

@@ -1,7 +1,7 @@
 """The ``fanout`` command line (console script ``fanout = "cluster.cli:main"``, or ``python -m cluster.cli``).
 
 It sits on the top floor because some commands talk to Ray: ``up`` (start or join Ray, run the cluster),
-``status``/``inspect`` and ``gc --live`` (call the running cluster's controller through
+``status``/``inspect``, ``requests`` and ``gc --live`` (call the running cluster's controller through
 :func:`cluster.runtime.call_controller`). The Ray-free commands (``config``, ``passwd``, ``broker``, ``send``,
 ``outbox``, ``export``, ``report``) come from :mod:`fanout.cli`, which builds the parser. Every command
 imports what it needs (Ray, PySpark) inside its ``func``, so ``fanout --help`` stays quick.
@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cluster.cli.up",
     "cluster.cli.status",
     "cluster.cli.gc",
+    "cluster.cli.requests",
     *core_cli.JOB_COMMANDS,
 )
 

@@ -20,7 +20,8 @@ Families (``_total`` is added by the exposition for counters):
   values appear as gauges named after their topic);
 - GC: ``fanout_gc_cycles_total{result}``, ``fanout_gc_cycle_duration_seconds`` (summary of completed
   cycles), ``fanout_gc_last_cycle_stage_seconds{stage}``, ``fanout_gc_deleted_total``;
-- ``fanout_requests{state}`` once the cluster keeps per-request counters (see :mod:`cluster.http.views`);
+- ``fanout_requests{state}``: requests per lifecycle state (``active``: rows pending; ``done``; ``cancelled``;
+  ``expired``), from the per-request counters (:mod:`actors.requests`);
 - ``fanout_metrics_collect_seconds``: how long gathering this snapshot took.
 """
 from __future__ import annotations

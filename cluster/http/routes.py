@@ -5,11 +5,11 @@ Routes (JSON unless said otherwise; ``ID`` is a request id, checked as the store
 =======================================  =================================================================
 ``GET /metrics``                         Prometheus text exposition (:mod:`cluster.http.metrics`); no login
 ``GET /api/status``                      what ``fanout status`` prints
-``GET /api/requests/ID``                 one request: ``request_id``, ``vins``, ``delivered``, ``pending``
-                                         (from its ``reqs`` rows until the request lifecycle lands; 404
-                                         for an unknown request)
-``GET /api/requests``                    501 until the request lifecycle lands (see :mod:`cluster.http.views`)
-``POST /api/requests/ID/cancel``         501 until the request lifecycle lands
+``GET /api/requests/ID``                 one request: ``request_id``, ``vins``, ``delivered``, ``pending``,
+                                         ``inflight``, ``expired``, ``discarded``, ``cancelled``, ``state``,
+                                         first/last delivery and expiry times (ms); 404 if unknown
+``GET /api/requests?limit=N``            ``{"requests": [...]}``: the first N (<= 1000) requests by id
+``POST /api/requests/ID/cancel``         cancel: nothing more of it is delivered; its status after (404 if unknown)
 ``GET /``, ``/static/console.{js,css}``  the console page (files under ``cluster/http/static``)
 =======================================  =================================================================
 

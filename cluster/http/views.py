@@ -7,13 +7,11 @@ structurally, what the service uses:
 
 - :class:`ClusterView`: ``status()`` (the ``fanout status`` JSON), ``metrics_snapshot()`` (what ``/metrics``
   renders, see :mod:`cluster.http.metrics`) and ``inspect(kind, id)`` (``fanout inspect``).
-- :class:`RequestsView`: the request lifecycle (``/api/requests...`` and the console's requests panel). The
-  controller implements it once the store keeps per-request counters (issue 15, request lifecycle); until
-  then :func:`requests_view` falls back to :class:`InspectRequests`, which answers ``request_status`` from
-  the ``reqs`` rows that ``fanout inspect request ID`` reads and raises :class:`NotBuilt` (HTTP 501) for
-  what cannot be built from existing data: listing requests (no index of request ids exists; a scan of
-  every ``reqs`` row is what the lifecycle's counters are there to avoid), cancelling one (the dispatchers
-  must stop delivering it) and the per-state request counts of ``fanout_requests{state}``.
+- :class:`RequestsView`: the request lifecycle (``/api/requests...``, the console's requests panel and
+  ``fanout_requests{state}``). The Controller implements it over the per-request counters each shard keeps
+  in its store (:mod:`actors.requests`, :mod:`storage.request_stats`). A cluster view without it (a test
+  double, an older controller) gets :class:`InspectRequests` from :func:`requests_view`: ``request_status``
+  from the ``reqs`` rows that ``fanout inspect request ID`` reads, :class:`NotBuilt` (HTTP 501) for the rest.
 """
 from __future__ import annotations
 

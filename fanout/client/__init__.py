@@ -31,6 +31,7 @@ from fanout.client.errors import (
     FanoutDeadLettered,
     FanoutError,
     FanoutRejected,
+    FanoutUnavailable,
     OutboxLocked,
     SubmissionInvalid,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "FanoutRejected",
     "FanoutDeadLettered",
     "FanoutClosed",
+    "FanoutUnavailable",
     "OutboxLocked",
     "SubmissionInvalid",
 ]

@@ -30,11 +30,12 @@ import os
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Awaitable, Iterable, Literal, overload
 
 import structlog
 
 from fanout.client.backoff import RetryPolicy
+from fanout.client.control import DEFAULT_TIMEOUT_S, RequestControl
 from fanout.client.errors import FanoutClosed
 from fanout.client.handle import COLD, HOT, ClientStatus, SubmitHandle
 from fanout.client.inflight import Inflight
@@ -174,6 +175,7 @@ class FanoutClient(Pump):
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
         self._connected = asyncio.Event()
+        self._control = RequestControl(self._publish_control, self._connected.wait)
         self._first_attempt = asyncio.Event()
         self._outbox = await loop.run_in_executor(None, lambda: Outbox(self.outbox_dir, policy=self.policy, dead_letter_retain_days=self._retain_days))
         self._writer = GroupWriter(self._outbox)
@@ -302,8 +304,24 @@ class FanoutClient(Pump):
 
     # ------------------------------------------------------------------ observability and maintenance
 
-    def status(self) -> ClientStatus:
-        """A snapshot: mode, ring depth, outbox depth, oldest item age, dead letters, ..."""
+    @overload
+    def status(self) -> ClientStatus: ...
+
+    @overload
+    def status(self, request_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Awaitable[dict | None]: ...
+
+    def status(self, request_id: str | None = None, *,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> ClientStatus | Awaitable[dict | None]:
+        """Without an argument, this client: a snapshot (mode, ring depth, outbox depth, oldest item age, dead
+        letters, ...). With a request id, ``await client.status(request_id)``: the cluster's status of that
+        request (``vins``, ``delivered``, ``pending``, ``inflight``, ``expired``, ``discarded``, ``cancelled``,
+        ``state``, first/last delivery and expiry times in ms), or None when the cluster does not know it.
+
+        Raises (the awaitable):
+            ValueError: not a valid request id. FanoutUnavailable: no answer within ``timeout_s``.
+        """
+        if request_id is not None:
+            return self._control.ask("status", request_id, timeout_s)
         ob = self._outbox
         candidates = [ts for ts in (self._ring.peek().ts_ms if len(self._ring) else None, self._inflight.oldest_ts_ms(),
                                     ob.oldest_ts_ms if ob else None) if ts is not None]
@@ -312,6 +330,22 @@ class FanoutClient(Pump):
                             self._ring.capacity, len(self._inflight), ob.depth if ob else 0, len(ob.retry) if ob else 0,
                             len(self._suspects), oldest, ob.dead_count if ob else 0, self._submitted, self._acked,
                             self._last_error)
+
+    async def cancel(self, request_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict | None:
+        """Cancel a request: nothing more of it is delivered, its pending rows are removed (a message in flight
+        may still arrive; its PUBACK is recorded). Returns its status after the cancel (durable on every shard),
+        or None when the cluster does not know it. Idempotent.
+
+        Raises:
+            ValueError: not a valid request id. FanoutUnavailable: no answer within ``timeout_s``.
+        """
+        return await self._control.ask("cancel", request_id, timeout_s)
+
+    def _publish_control(self, topic: str, payload: bytes) -> None:
+        conn = self._conn
+        if conn is None:
+            raise ConnectionError("not connected")
+        conn.publish(topic, payload)
 
     @property
     def mode(self) -> str:

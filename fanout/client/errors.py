@@ -35,6 +35,10 @@ class OutboxLocked(FanoutError):
     """Another live process holds the outbox directory (one client per outbox)."""
 
 
+class FanoutUnavailable(FanoutError):
+    """A request status or cancel got no answer (not connected in time, or a shard did not answer)."""
+
+
 class FanoutClosed(FanoutError):
     """The client closed before the submission was acknowledged; it stays in the outbox."""
 

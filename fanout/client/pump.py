@@ -28,9 +28,11 @@ from fanout.client.inflight import Inflight
 from fanout.client.outbox import ApplyResult, Failure, OutboxBatch, now_ms
 from fanout.client.submission import Submission, parse_cluster_error
 from fanout.client.transport import BrokerConnection, ConnectFailed, PublishFailed
+from fanout.request_control import replies_topic
 from fanout.trigger import errors_topic
 
 if TYPE_CHECKING:
+    from fanout.client.control import RequestControl
     from fanout.client.handle import SubmitHandle
     from fanout.client.outbox import Outbox
     from fanout.client.ring import Ring
@@ -64,6 +66,7 @@ class Pump:
         _handles: dict[int, SubmitHandle]
         _rejections: dict[int, dict[str, Any]]
         _conn: BrokerConnection | None
+        _control: RequestControl
         _epoch: int
         _pending_writes: int
         _spills: int
@@ -112,6 +115,7 @@ class Pump:
             self._conn = conn
             self._inflight = Inflight()
             conn.subscribe(errors_topic(self.client_id))
+            conn.subscribe(replies_topic(self.client_id))  # answers to status and cancel (client/control.py)
             self._connected.set()
             self._first_attempt.set()
             log.info("client.connected", host=self.host, port=self.port, client_id=self.client_id,
@@ -330,6 +334,8 @@ class Pump:
     def _on_message(self, topic: str, payload: bytes) -> None:
         if topic == errors_topic(self.client_id):
             self._on_cluster_error(parse_cluster_error(payload))
+        elif topic == replies_topic(self.client_id):
+            self._control.on_reply(payload)
 
     def _on_cluster_error(self, detail: dict[str, Any]) -> None:
         text = describe_cluster_error(detail)

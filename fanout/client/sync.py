@@ -102,11 +102,19 @@ class SyncFanoutClient:
         """Blocking ``FanoutClient.submit``; same arguments, returns a :class:`SyncSubmitHandle`."""
         return SyncSubmitHandle(self._call(self.client.submit(vins, payload, request_id=request_id, data_id=data_id)), self)
 
-    def status(self) -> ClientStatus:
-        """``FanoutClient.status`` (computed on the loop thread)."""
+    def status(self, request_id: str | None = None, *, timeout_s: float = 30.0) -> Any:
+        """``FanoutClient.status``: this client's :class:`ClientStatus` (computed on the loop thread), or with a
+        request id the cluster's status of that request (dict, None if unknown)."""
+        if request_id is not None:
+            return self._call(self.client.status(request_id, timeout_s=timeout_s))  # type: ignore[arg-type]
+
         async def get() -> ClientStatus:
             return self.client.status()
         return self._call(get())
+
+    def cancel(self, request_id: str, *, timeout_s: float = 30.0) -> dict | None:
+        """Blocking ``FanoutClient.cancel``."""
+        return self._call(self.client.cancel(request_id, timeout_s=timeout_s))
 
     def drain(self, timeout: float | None = None) -> bool:
         return self._call(self.client.drain(timeout))

@@ -12,7 +12,8 @@ live here so they are unit-testable with a real ``ShardStore`` and no cluster. T
 - :class:`fanout.dispatcher.blobs.BlobCache`: known data ids and blob contents read locally;
 - :class:`fanout.dispatcher.output.TickOutput`: a tick's :class:`fanout.records.Delivery` orders and
   kicks per node, and the deletes to write;
-- :mod:`fanout.dispatcher.ingest_batch`: the write batches of ingest and the head-first policy.
+- :mod:`fanout.dispatcher.ingest_batch`: the write batches of ingest and the head-first policy;
+- :class:`fanout.dispatcher.lifecycle.RequestLifecycle`: ttl expiry at pick time, cancels, request status.
 
 Writes are only ever :class:`storage.WriteBatch` objects returned to the caller, which applies them on the
 shard's single writer: the acks of a tick in one batch, a round of blobs in one batch, a round of
@@ -29,6 +30,7 @@ import structlog
 from fanout.dispatcher import introspection
 from fanout.dispatcher.blobs import BlobCache
 from fanout.dispatcher.ingest_batch import HEAD_WRITE_VINS, IngestJob, blob_batch, ingest_batch
+from fanout.dispatcher.lifecycle import RequestLifecycle
 from fanout.dispatcher.machine import VinDispatcher
 from fanout.dispatcher.output import TickOutput
 from fanout.dispatcher.rows import TickRows
@@ -68,6 +70,7 @@ class DispatcherCore:
         self.registry = TakeoverRegistry()
         self.blobs = BlobCache(store)
         self.output = TickOutput()
+        self.lifecycle = RequestLifecycle(store)
         self.events_in = 0
         self.rows_enqueued = 0
         self.commits = 0
@@ -157,6 +160,7 @@ class DispatcherCore:
     def ingest_batch(self, items: list[tuple]) -> tuple[WriteBatch, list[Any], list[list[str]]]:
         """The write batch of a round of :class:`fanout.records.IngestItem` (see
         :func:`fanout.dispatcher.ingest_batch.ingest_batch`)."""
+        self.lifecycle.ingested(items)
         return ingest_batch(items, self.blobs.has_data, self.shard)
 
     def ingest_job(self, items: list[tuple], head_vins: int = HEAD_WRITE_VINS) -> IngestJob:
@@ -177,7 +181,7 @@ class DispatcherCore:
         """
         out: list[str | None] = []
         earlier: dict[str, list[tuple[str, str]]] = {}  # request id -> (data id, joined VINs) accepted before
-        for request_id, data_id, joined, _ts in items:
+        for request_id, data_id, joined, _ts, _ttl in items:
             reason = None
             before = earlier.get(request_id)
             if before is not None or self.store.request_rows(request_id, limit=1):
@@ -242,15 +246,25 @@ class DispatcherCore:
         out = self.output
         blob = self.blobs.get
         build = Delivery.build
+        life = self.lifecycle
         for _ in range(3):  # a missing blob discards its row and may queue the next one
             if not vd.has_actions:
                 return
             plan = vd.drain_actions(now_ms)
             out.deletes.extend(plan.deletes)
+            expires, cancelling = life.expires, life.cancelling  # both empty unless a ttl or a cancel exists
             for node, sends in plan.sends.items():
                 queue = out.deliveries_to(node)
                 for s in sends:
                     row = s.row
+                    if expires or cancelling:
+                        if life.held_back(row.request_id, s.vin):
+                            vd.on_send_failed(s.vin, s.generation, row.key)  # sent again after the cancel, if pending
+                            continue
+                        if life.expired(row.request_id, now_ms):
+                            life.expired_rows += 1
+                            vd.discard_row(s.vin, row.key, expired=True)
+                            continue
                     if blob(row.data_id) is None:
                         log.warning("fanout row without blob discarded", vin=s.vin, request_id=row.request_id,
                                     data_id=row.data_id, shard=self.shard)
@@ -285,9 +299,12 @@ class DispatcherCore:
         if not self.output.deletes:
             return None
         deletes = self.output.take_deletes()
-        batch = WriteBatch().ack_rows([d.key for d in deletes if not d.discarded], now_ms)
+        life = self.lifecycle
+        batch = WriteBatch().ack_rows([d.key for d in deletes if not (d.discarded or d.expired)], now_ms)
         if self.discarded:
             batch.discard_rows([d.key for d in deletes if d.discarded], now_ms)
+        if life.expired_rows:
+            batch.expire_rows([d.key for d in deletes if d.expired], now_ms)
         return batch, deletes
 
     def requeue_deletes(self, deletes: list[Delete]) -> None:
@@ -317,6 +334,30 @@ class DispatcherCore:
         """
         for vin, gen, key, _rid, _did, _dup in sends:
             self.vd.on_send_failed(vin, gen, key)
+
+    # -- request lifecycle -------------------------------------------------------------------------------------
+
+    def begin_cancel(self, request_id: str, now_ms: int) -> WriteBatch:
+        """Stop delivering ``request_id`` at once (queued deliveries dropped); the batch to write (see
+        :class:`fanout.dispatcher.lifecycle.RequestLifecycle`). Call :meth:`end_cancel` after it."""
+        batch = self.lifecycle.begin_cancel(request_id, now_ms)
+        for vin, gen, key in self.output.drop_request(request_id):
+            self.lifecycle.held.add(vin)
+            self.vd.on_send_failed(vin, gen, key)
+        return batch
+
+    def end_cancel(self, request_id: str) -> int:
+        """The cancel batch is durable (or failed): the vehicles held back get their next row. Returns how
+        many were ready."""
+        return self.dispatch_new(self.lifecycle.end_cancel(request_id))
+
+    def request_status(self, request_id: str) -> dict[str, Any] | None:
+        """This shard's counters of ``request_id`` with its rows in flight, or None."""
+        return self.lifecycle.status(request_id, self.vd.inflight_keys())
+
+    def list_requests(self, limit: int) -> list[dict[str, Any]]:
+        """This shard's counters of its requests (by request id, at most ``limit``), with rows in flight."""
+        return self.lifecycle.list(self.vd.inflight_keys(), limit)
 
     # -- introspection -----------------------------------------------------------------------------------------
 

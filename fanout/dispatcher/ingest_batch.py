@@ -49,12 +49,14 @@ def ingest_batch(items: list[tuple], has_data: Callable[[list[str]], list[bool]]
     batch = WriteBatch()
     results: list[Any] = []
     vin_lists: list[list[str]] = []
-    for request_id, data_id, joined, ts_ms in items:
+    for request_id, data_id, joined, ts_ms, ttl_ms in items:
         if not has_data([data_id])[0]:
             results.append(f"unknown data_id {data_id!r} on shard {shard}")
             continue
         vins = split_vins(joined)
         try:
+            if ttl_ms:  # in the same batch as the rows: no row of it is ever durable without its expiry
+                batch.set_expiry(request_id, ts_ms + ttl_ms)
             batch.enqueue_many(vins, ts_ms, request_id, data_id)
         except ValueError as exc:
             results.append(f"invalid trigger: {exc}")
@@ -76,13 +78,13 @@ def split_head(items: list[tuple], head_vins: int) -> tuple[list[tuple], list[tu
     """
     if not items:
         return None
-    request_id, data_id, joined, ts_ms = items[0]
+    request_id, data_id, joined, ts_ms, ttl_ms = items[0]
     if joined.count(VIN_SEPARATOR) < 2 * head_vins:
         return None
     parts = joined.split(VIN_SEPARATOR, head_vins)
     rest = parts.pop()
-    return ([(request_id, data_id, VIN_SEPARATOR.join(parts), ts_ms)],
-            [(request_id, data_id, rest, ts_ms), *items[1:]])
+    return ([(request_id, data_id, VIN_SEPARATOR.join(parts), ts_ms, ttl_ms)],
+            [(request_id, data_id, rest, ts_ms, ttl_ms), *items[1:]])
 
 
 def merge_head_result(head: Any, rest: Any) -> Any:

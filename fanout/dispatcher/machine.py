@@ -239,9 +239,10 @@ class VinDispatcher:
             self._clear_inflight(vs)
         return []
 
-    def discard_row(self, vin: str, row_key: bytes) -> list[Action]:
-        """Drop a row that cannot be delivered (e.g. its blob was garbage-collected), then send the next."""
-        actions: list[Action] = [self._delete(vin, row_key, delivered=False)]
+    def discard_row(self, vin: str, row_key: bytes, *, expired: bool = False) -> list[Action]:
+        """Drop a row that cannot be delivered (its blob was garbage-collected, or ``expired``: its request's
+        ttl passed), then send the next."""
+        actions: list[Action] = [self._delete(vin, row_key, delivered=False, expired=expired)]
         vs = self._vins[vin]  # _delete made sure it exists
         if vs.attempted == row_key:
             vs.attempted, vs.attempted_on = SENT_NOTHING_PENDING, None
@@ -320,6 +321,10 @@ class VinDispatcher:
         self._deletes = []
         return plan
 
+    def inflight_keys(self) -> list[bytes]:
+        """Keys of the rows in flight (sent or resumed, not acknowledged), one per vehicle; O(vehicles)."""
+        return [vs.inflight.key for vs in self._vins.values() if vs.inflight is not None]
+
     def session_holder(self, vin: str) -> tuple[NodeId, int] | None:
         """The connection ``(node, generation)`` whose session may still hold the row last handed out for
         ``vin`` (not acknowledged yet), or None. When the VIN connects on another node, that session's copy
@@ -390,7 +395,7 @@ class VinDispatcher:
             row = self._rows.next_row(vin, after=row.key)
         return row
 
-    def _delete(self, vin: str, key: bytes, *, delivered: bool = True) -> Delete:
+    def _delete(self, vin: str, key: bytes, *, delivered: bool = True, expired: bool = False) -> Delete:
         vs = self._state(vin)
         if vs.deleting is None:
             vs.deleting = set()
@@ -398,7 +403,7 @@ class VinDispatcher:
             vs.deleting.add(key)
             self._pending_deletes += 1
             self._delivered += delivered
-        delete = Delete(vin, key, not delivered)
+        delete = Delete(vin, key, not delivered and not expired, expired)
         self._deletes.append(delete)
         return delete
 

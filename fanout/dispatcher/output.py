@@ -63,6 +63,18 @@ class TickOutput:
             sends = queued
         return sends, self._kicks.pop(node, [])
 
+    def drop_request(self, request_id: str) -> list[tuple[str, int, bytes]]:
+        """Remove the queued deliveries of ``request_id`` (it is being cancelled); returns their
+        ``(vin, generation, row_key)``."""
+        dropped: list[tuple[str, int, bytes]] = []
+        for node, queue in list(self._sends.items()):
+            kept = [d for d in queue if d[3] != request_id]  # Delivery: (vin, gen, key, request_id, data_id, dup)
+            if len(kept) != len(queue):
+                dropped += [(d[0], d[1], d[2]) for d in queue if d[3] == request_id]
+                self._sends[node] = kept
+                self.prune(node)
+        return dropped
+
     def take_deletes(self) -> list[Any]:
         """Every queued delete, oldest first."""
         deletes, self.deletes = self.deletes, []

@@ -52,6 +52,7 @@ class Delete:
     vin: str
     key: bytes
     discarded: bool = False  # not delivered: dropped undeliverable (its blob is gone), not acknowledged
+    expired: bool = False  # not delivered: its request's ttl passed before it was sent
 
 
 Action = Send | Delete

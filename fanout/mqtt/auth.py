@@ -430,7 +430,8 @@ class AccessControl:
             return False  # (a): only the vehicle of VIN X reads agent/X/#, whatever the rules say
         elif topic_filter == _FANOUT or topic_filter.startswith("$SDV-FANOUT/"):
             cid = p.client_id
-            builtin = bool(cid) and "+" not in cid and "#" not in cid and topic_filter == f"$SDV-FANOUT/errors/{cid}"
+            builtin = bool(cid) and "+" not in cid and "#" not in cid and topic_filter in (
+                f"$SDV-FANOUT/errors/{cid}", f"$SDV-FANOUT/replies/{cid}")
         elif p.role == "vehicle":
             builtin = topic_filter.startswith(f"agent/{p.client_id}/")
         else:
@@ -458,7 +459,7 @@ class AccessControl:
         elif not self.dev_mode and _under(topic, _AGENT) and not (p.vehicle and topic.startswith(f"agent/{p.client_id}/")):
             return False  # (a), as in can_subscribe
         elif topic == _FANOUT or topic.startswith("$SDV-FANOUT/"):
-            builtin = topic == f"$SDV-FANOUT/errors/{p.client_id}"
+            builtin = topic in (f"$SDV-FANOUT/errors/{p.client_id}", f"$SDV-FANOUT/replies/{p.client_id}")
         elif p.role == "vehicle":
             builtin = topic.startswith(f"agent/{p.client_id}/")
         else:

@@ -43,6 +43,7 @@ from fanout.mqtt.hooks import (
 from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
 from fanout.node.event_batching import EventBatching
 from fanout.node.ingest_rounds import IngestRounds, ShardLink
+from fanout.request_control import Reply, replies_topic
 from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
 from fanout.records import (
     EV_HEARTBEAT, AckEvent, ConnectEvent, DeliveryFailure, DisconnectEvent, FailedEvent, HeartbeatEvent,
@@ -439,6 +440,9 @@ class NodeCore(BrokerHooks):
             for t, outcome in zip(tickets, outcomes):
                 if outcome is None:
                     self.broker.complete_publish(t.client_id, t.packet_id, t.generation)
+                elif isinstance(outcome, Reply):  # a request status or cancel: acknowledged, then answered
+                    self.broker.complete_publish(t.client_id, t.packet_id, t.generation)
+                    self.broker.publish_local(replies_topic(t.client_id), outcome.payload(), 1)  # the asker is here
                 elif outcome != "skip":
                     self._reject(t, outcome)
             done += len(tickets)

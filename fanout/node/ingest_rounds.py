@@ -40,6 +40,7 @@ import structlog
 
 from fanout.mqtt.hooks import IngestTicket
 from fanout.records import CONFLICT_PREFIX, BlobItem, IngestItem, join_vins
+from fanout.request_control import CANCEL, STATUS, Control, is_request_topic, parse_control, reply
 from fanout.trigger import (
     TRIGGER_TOPIC, Trigger, TriggerError, conflict_reason, parse_data_topic, parse_trigger, validate_blob,
 )
@@ -81,6 +82,12 @@ class ShardLink(Protocol):
         """
         ...
 
+    async def request_control(self, shard: int, ops: list[tuple[str, str]]) -> list[Any]:
+        """Per ``(verb, request_id)`` (:mod:`fanout.request_control`): the shard's status of the request after
+        the verb (a cancel is written, and durable when this returns, even where the shard has no row of the
+        request: it stays cancelled there), or None if the shard does not know it."""
+        ...
+
 
 @dataclass(slots=True)
 class _Work:
@@ -91,6 +98,7 @@ class _Work:
     data_id: str | None = None  # a blob
     trigger: Trigger | None = None  # a trigger
     buckets: list[list[str]] | None = None
+    control: Control | None = None  # a request status or cancel (fanout.request_control)
 
 
 def _error_body(exc: TriggerError) -> dict[str, Any]:
@@ -158,8 +166,9 @@ class IngestRounds:
             tickets: the tickets, in arrival order.
 
         Returns:
-            Per ticket, in order: None when durable (acknowledge it), else an error body (reject it), or
-            the string ``"skip"`` for a ticket dropped after an earlier rejection of its connection.
+            Per ticket, in order: None when durable (acknowledge it), a :class:`fanout.request_control.Reply`
+            for a request status or cancel (acknowledge it, publish the reply), else an error body (reject it),
+            or the string ``"skip"`` for a ticket dropped after an earlier rejection of its connection.
         """
         outcomes: list[Any] = [None] * len(tickets)
         t0 = time.perf_counter()
@@ -170,6 +179,7 @@ class IngestRounds:
         now = self._wall()
         blobs = [w for w in work if w.data_id is not None]
         triggers = [w for w in work if w.trigger is not None]
+        controls = [w for w in work if w.control is not None]
         vins = sum(len(w.trigger.vins) for w in triggers)  # type: ignore[union-attr]
         self._conflicts_within(triggers, outcomes)
         in_use = asyncio.ensure_future(self._requests_in_use(triggers)) if triggers else None
@@ -201,6 +211,8 @@ class IngestRounds:
                 continue
             if o != "skip":
                 self.rejected += 1
+        if controls:  # answered last: a status question sees the triggers published before it in the round
+            await self._answer(controls, outcomes)
         return outcomes
 
     # -- steps --------------------------------------------------------------------------------------
@@ -216,7 +228,9 @@ class IngestRounds:
                 outcomes[i] = "skip"
                 continue
             try:
-                if t.topic == TRIGGER_TOPIC:
+                if is_request_topic(t.topic):
+                    work.append(_Work(i, t, control=parse_control(t.topic, t.payload)))
+                elif t.topic == TRIGGER_TOPIC:
                     if len(t.payload) > BIG_PAYLOAD_BYTES:
                         trig, buckets = await loop.run_in_executor(None, self._parse_split, t.payload, shards)
                     else:
@@ -360,7 +374,8 @@ class IngestRounds:
                 if not vins:
                     continue
                 joined = await loop.run_in_executor(None, join_vins, vins) if big else join_vins(vins)
-                per_shard.setdefault(shard, []).append(IngestItem.build(trig.request_id, trig.data_id, joined, ts))
+                per_shard.setdefault(shard, []).append(IngestItem.build(trig.request_id, trig.data_id, joined, ts,
+                                                                         trig.ttl_ms))
                 owners.setdefault(shard, []).append(w)
             w.buckets = None
         shards = list(per_shard)
@@ -382,6 +397,25 @@ class IngestRounds:
                     else:  # the shard refused it (its data_id vanished between check and write): report it
                         outcomes[w.index] = _unavailable(r, rid)
         self.triggers_ok += sum(1 for w in triggers if outcomes[w.index] is None)
+
+    async def _answer(self, controls: list[_Work], outcomes: list[Any]) -> None:
+        """Status and cancel questions still to acknowledge: one batched call per shard, one Reply each."""
+        asked = [w for w in controls if outcomes[w.index] is None]
+        if not asked:
+            return
+        ops = [(w.control.verb, w.control.request_id) for w in asked]  # type: ignore[union-attr]
+        shards = range(self._link.shards)
+        cancels = sorted({rid for verb, rid in ops if verb == CANCEL})
+        if cancels:  # a cancel is written on every shard (final there too), but only for a request some shard knows
+            known = await asyncio.gather(*(self._link.request_control(s, [(STATUS, r) for r in cancels]) for s in shards),
+                                         return_exceptions=True)
+            unknown = {r for i, r in enumerate(cancels)
+                       if all(not isinstance(k, BaseException) and k[i] is None for k in known)}
+            ops = [(STATUS, rid) if verb == CANCEL and rid in unknown else (verb, rid) for verb, rid in ops]
+        per_shard = await asyncio.gather(*(self._link.request_control(s, ops) for s in shards), return_exceptions=True)
+        for i, w in enumerate(asked):
+            parts = [answers if isinstance(answers, BaseException) else answers[i] for answers in per_shard]
+            outcomes[w.index] = reply(w.control, parts)  # type: ignore[arg-type]
 
     @staticmethod
     def _cascade(tickets: Sequence[IngestTicket], outcomes: list[Any]) -> None:

@@ -7,7 +7,8 @@ touching the live store. Per request_id:
 - ``queued``: VINs with a ``reqs`` row (rows already removed by GC are no longer counted);
 - ``delivered``: status ``delivered``;
 - ``pending``: status ``pending`` and enqueued within the retention (``ts_ms >= now - retention``);
-- ``expired``: status ``pending`` and older than the retention (GC will drop them);
+- ``expired``: status ``expired`` (not delivered within its trigger's ttl), or status ``pending`` and older
+  than the retention (GC will drop them);
 - ``p50_ms``/``p95_ms``/``p99_ms``: exact percentiles (linear interpolation, Spark ``percentile``,
   rounded to 1 us) of ``delivered_ts_ms - ts_ms`` over the delivered VINs, None when nothing was
   delivered;
@@ -87,7 +88,8 @@ def compute_report(
             F.count("*").alias("queued"),
             F.count(F.when(delivered, 1)).alias("delivered"),
             F.count(F.when(pending & (col("ts_ms") >= cutoff), 1)).alias("pending"),
-            F.count(F.when(pending & (col("ts_ms") < cutoff), 1)).alias("expired"),
+            F.count(F.when((pending & (col("ts_ms") < cutoff)) | (col("status") == tables.STATUS_EXPIRED), 1))
+            .alias("expired"),
             F.percentile(latency, list(PERCENTILES)).alias("pct"),
             F.min("ts_ms").alias("first_ts_ms"),
             F.max(F.when(delivered, col("delivered_ts_ms"))).alias("last_delivered_ts_ms"),

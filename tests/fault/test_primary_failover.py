@@ -1,7 +1,7 @@
 """Kill -9 the Ray node holding a shard's primary during a 100,000-VIN ingest.
 
 Invariant: every trigger that was PUBACKed is in the store after failover with all its VINs (none lost, none
-queued twice: exactly one row per VIN) and is delivered to the connected vehicles; a vehicle receives a
+queued twice: exactly one row per VIN; its lifecycle counters equal a recount of its rows) and is delivered to the connected vehicles; a vehicle receives a
 request twice only if it was in flight (unacknowledged-and-committed) at the kill, i.e. at most once per
 vehicle for this single failover.
 """
@@ -64,6 +64,17 @@ def test_primary_node_killed_mid_ingest_loses_no_acknowledged_trigger(tmp_path):
             # None lost, none twice: every acknowledged trigger has exactly one row per VIN.
             for rid in pub.acked:
                 assert request_rows(fanout, rid) == PER_TRIGGER, rid
+            # The lifecycle counters are replicated with the rows: on the promoted replica they still equal a
+            # recount of the request's rows (inspect reads the reqs rows; the counters are kept by the writes).
+            # (Deliveries go on meanwhile: the two reads agree once no row of the request moves between them.)
+            def counters_agree(rid: str) -> bool:
+                counters = ray.get(fanout.controller.request_status.remote(rid), timeout=30)
+                by_status = fanout.inspect("request", rid)["by_status"]
+                assert counters["vins"] == PER_TRIGGER, (rid, counters)
+                return {k: counters[k] for k in by_status} == by_status
+
+            for rid in pub.acked:
+                wait_until(lambda: counters_agree(rid), 30, f"the counters of {rid} to equal its rows")
             # Delivered: every connected vehicle got every acknowledged request.
             wait_until(lambda: fleet.has_all(pub.acked), 120, "delivery of every acknowledged trigger")
             # Duplicates only of what the old primary delivered: its acks (row deletes) that had not reached

@@ -216,18 +216,20 @@ def platform(port: int, client_id: str = "platform-test") -> RawClient:
     return RawClient(port, client_id, username=PLATFORM_LOGIN[0], password=PLATFORM_LOGIN[1])
 
 
-def trigger_payload(ids: list[str], request_id: str, data_id: str) -> bytes:
-    return json.dumps({"ids": ids, "request_id": request_id, "data_id": data_id}).encode()
+def trigger_payload(ids: list[str], request_id: str, data_id: str, **extra: Any) -> bytes:
+    """A trigger's JSON; ``extra`` adds optional keys (``ttl``)."""
+    return json.dumps({"ids": ids, "request_id": request_id, "data_id": data_id, **extra}).encode()
 
 
 def publish_batch(port: int, ids: list[str], request_id: str, data_id: str = "d1", blob: bytes = b"BLOB",
-                  client_id: str = "platform-test") -> None:
-    """Publish a blob and a trigger as the platform; return once both are PUBACKed (durable)."""
+                  client_id: str = "platform-test", **extra: Any) -> None:
+    """Publish a blob and a trigger as the platform; return once both are PUBACKed (durable). ``extra``: optional
+    trigger keys (``ttl``)."""
     p = platform(port, client_id)
     try:
         p.publish(f"$SDV-FANOUT/data/{data_id}", blob, pid=1)
         assert p.expect(Puback).packet_id == 1
-        p.publish("$SDV-FANOUT/trigger", trigger_payload(ids, request_id, data_id), pid=2)
+        p.publish("$SDV-FANOUT/trigger", trigger_payload(ids, request_id, data_id, **extra), pid=2)
         assert p.expect(Puback, timeout=30).packet_id == 2
     finally:
         p.disconnect()

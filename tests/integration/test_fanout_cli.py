@@ -64,6 +64,24 @@ def test_fanout_up_prints_ready_line_serves_status_refuses_offline_gc_and_stops_
                                  capture_output=True, text=True, timeout=120, env=_env())
         assert inspect.returncode == 0, inspect.stderr[-2000:]
         assert json.loads(inspect.stdout)["rows"] == 1
+        publish_batch(port, ["CLI2", "CLI3"], "cli-2")  # nobody connected: pending
+
+        def requests(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([FANOUT, "requests", *args, "--data-dir", str(data_dir)], capture_output=True,
+                                  text=True, timeout=120, env=_env())
+
+        listed = requests("list")
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+        assert [(r[0], r[-1]) for r in rows] == [("cli-1", "done"), ("cli-2", "active")], listed.stdout
+        shown = requests("show", "cli-1", "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["delivered"] == 1, shown.stderr[-2000:]
+        cancelled = requests("cancel", "cli-2", "--json")
+        assert cancelled.returncode == 0, cancelled.stderr[-2000:]
+        after = json.loads(cancelled.stdout)
+        assert (after["cancelled"], after["pending"], after["state"]) == (2, 0, "cancelled")
+        unknown = requests("show", "no-such-request")
+        assert unknown.returncode == 2 and "no request 'no-such-request'" in unknown.stderr and unknown.stdout == ""
         # offline GC would write the shards behind the dispatchers' backs: refused at once, pointing at --live
         started = time.monotonic()
         gc = subprocess.run([FANOUT, "gc", "--now", "--data-dir", str(data_dir)], capture_output=True, text=True,

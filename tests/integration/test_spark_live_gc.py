@@ -32,7 +32,7 @@ def test_gc_through_the_live_cluster_keeps_young_pending_rows_and_removes_old_on
         for k, d in enumerate(dispatchers):
             mine = [v for v in OLD_VINS if shard_of(v, shards) == k]
             ray.get(d.put_blobs.remote([("d-old", b"OLD", old_ts)]))
-            assert ray.get(d.ingest.remote([("old-req", "d-old", join_vins(mine), old_ts)])) == [{"vins": len(mine)}]
+            assert ray.get(d.ingest.remote([("old-req", "d-old", join_vins(mine), old_ts, 0)])) == [{"vins": len(mine)}]
         assert sum(cluster.inspect("vin", v)["pending_rows"] for v in YOUNG_VINS + OLD_VINS) == 12
 
         summary = run_gc_cycle(gc_target(dispatchers), config=cfg, spark=spark)

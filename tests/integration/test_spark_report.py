@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage import ShardStore, WriteBatch, shard_of
+from storage.keys import ids_key
 from storage.jobs.export import export_shard
 from storage.jobs.report import REPORT_COLUMNS, compute_report
 
@@ -22,7 +23,8 @@ OLD = NOW - RETENTION - 1
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
     """Request A: 12 VINs on two shards, 10 delivered after 100, 200, ... 1000 ms, 2 pending.
-    Request B: 3 pending young, 2 pending older than retention, 1 delivered long ago (5 s)."""
+    Request B: 3 pending young, 2 pending older than retention, 1 delivered long ago (5 s).
+    Request C: 2 VINs on shard 0, one expired by its ttl, one cancelled."""
     root = tmp_path_factory.mktemp("report")
     stores = {k: ShardStore(root / "data" / f"shard-{k}", k, sync=False) for k in (0, 1)}
     a_vins = [f"A{i:02d}" for i in range(12)]
@@ -39,6 +41,10 @@ def export_dir(tmp_path_factory):
         if shard_of("B5", 2) == k:
             acks.ack("B5", OLD, "req-B", OLD + 5_000)
         store.apply(acks)
+    c_vins = [v for v in ("C0", "C1", "C2", "C3", "C4", "C5") if shard_of(v, 2) == 0][:2]
+    stores[0].apply(WriteBatch().set_expiry("req-C", T + 10).enqueue_many(c_vins, T, "req-C", "d"))
+    stores[0].apply(WriteBatch().expire_rows([ids_key(c_vins[0], T, "req-C")], T + 20)
+                    .settle_pending("req-C", "cancelled", T + 30))
     for store in stores.values():
         export_shard(store, root / "export")
         store.close()
@@ -51,12 +57,14 @@ EXPECTED = {
     "req-B": {"request_id": "req-B", "queued": 6, "delivered": 1, "pending": 3, "expired": 2,
               "p50_ms": 5000.0, "p95_ms": 5000.0, "p99_ms": 5000.0, "first_ts_ms": OLD,
               "last_delivered_ts_ms": OLD + 5000},
+    "req-C": {"request_id": "req-C", "queued": 2, "delivered": 0, "pending": 0, "expired": 1,
+              "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None},
 }
 
 
 def test_report_numbers_for_known_deliveries(spark, export_dir, tmp_path):
     rows = compute_report(spark, export_dir, now_ms=NOW, retention_ms=RETENTION, out_dir=tmp_path)
-    assert rows == [EXPECTED["req-A"], EXPECTED["req-B"]]
+    assert rows == [EXPECTED["req-A"], EXPECTED["req-B"], EXPECTED["req-C"]]
     written = pq.read_table(tmp_path / "report").to_pylist()
     assert sorted(written, key=lambda r: r["request_id"]) == rows and set(written[0]) == set(REPORT_COLUMNS)
 

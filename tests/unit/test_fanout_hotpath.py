@@ -69,11 +69,12 @@ def test_ack_rows_equals_ack(store):
 
 def test_split_head_keeps_every_vin_once_and_merges_results():
     vins = [f"V{i:03d}" for i in range(10)]
-    items = [("r1", "d1", join_vins(vins), 7), ("r2", "d1", "X1", 8)]
+    items = [("r1", "d1", join_vins(vins), 7, 60_000), ("r2", "d1", "X1", 8, 0)]
     assert split_head(items, 5) is None  # not much bigger than the head
     head, rest = split_head(items, 3)
     assert split_vins(head[0][2]) == vins[:3] and split_vins(rest[0][2]) == vins[3:]
     assert head[0][::3] == rest[0][::3] == ("r1", 7) and rest[1] == items[1]
+    assert head[0][4] == rest[0][4] == 60_000  # the ttl goes with both parts
     assert merge_head_result({"vins": 3}, {"vins": 7}) == {"vins": 10}
     assert merge_head_result("unknown data_id", "unknown data_id") == "unknown data_id"
 

@@ -129,7 +129,7 @@ def test_blob_dedup_does_not_rewrite_the_data_table(store, monkeypatch):
             return getattr(self._txn, name)
 
     real = apply_mod._HANDLERS[B.PUT_BLOB]
-    monkeypatch.setitem(apply_mod._HANDLERS, B.PUT_BLOB, lambda txn, dbs, op, counts: real(SpyTxn(txn), dbs, op, counts))
+    monkeypatch.setitem(apply_mod._HANDLERS, B.PUT_BLOB, lambda txn, dbs, op, *rest: real(SpyTxn(txn), dbs, op, *rest))
     store.apply(WriteBatch().put_blob("d1", b"x" * 10_000, T0 + 1))
     assert written == ["meta"]
     store.apply(WriteBatch().put_blob("d1", b"y" * 10_000, T0 + 2))

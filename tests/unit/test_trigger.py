@@ -284,3 +284,33 @@ def test_many_vins_with_duplicates() -> None:
     ids = [f"V{i % 100_000}" for i in range(200_000)]
     trigger = parse_trigger(json.dumps({"ids": ids, "request_id": "r", "data_id": "d"}).encode())
     assert trigger.vins == tuple(ids[:100_000]) and trigger.duplicates == 100_000
+
+
+@pytest.mark.parametrize("ttl, ms", [(3, 3000), ("3s", 3000), ("24h", 86_400_000), (1.5, 1500), ("90m", 5_400_000),
+                                     ("366d", 366 * 86_400_000)])
+def test_ttl_in_seconds_or_with_a_unit(ttl: object, ms: int) -> None:
+    payload = json.dumps({"ids": ["A"], "request_id": "r", "data_id": "d", "ttl": ttl}).encode()
+    assert parse_trigger(payload).ttl_ms == ms
+
+
+def test_no_ttl_is_zero() -> None:
+    assert parse_trigger(json.dumps({"ids": ["A"], "request_id": "r", "data_id": "d"}).encode()).ttl_ms == 0
+
+
+@pytest.mark.parametrize("ttl, reason_part", [
+    (0, "must be positive"), (-1, "negative"), ("x", "not a duration"), ("3 parsecs", "unknown duration unit"),
+    (True, "got a boolean"), (None, "got null"), ([1], "got a list"), ({"s": 3}, "got an object"),
+    ("367d", "longer than the limit"), (10**30, "longer than the limit"),
+])
+def test_invalid_ttl_names_the_field_and_carries_the_request_id(ttl: object, reason_part: str) -> None:
+    payload = json.dumps({"ids": ["A"], "request_id": "r", "data_id": "d", "ttl": ttl}).encode()
+    with pytest.raises(TriggerError) as err:
+        parse_trigger(payload)
+    assert err.value.field == "ttl" and reason_part in err.value.reason and err.value.request_id == "r"
+
+
+def test_nan_or_infinite_ttl_is_invalid() -> None:
+    for literal in (b"NaN", b"Infinity"):
+        with pytest.raises(TriggerError) as err:
+            parse_trigger(b'{"ids": ["A"], "request_id": "r", "data_id": "d", "ttl": ' + literal + b"}")
+        assert err.value.field == "ttl"

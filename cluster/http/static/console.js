@@ -5,7 +5,9 @@
 
 const POLL_MS = 1000;
 const watched = new Map(); // request id -> <tr>
-let lifecycle = null; // true once GET /api/requests answers 200, false on 501, null before the first try
+// true once GET /api/requests answers 200; false on 501 (a cluster view without the request lifecycle, see
+// cluster/http/views.py: then requests are watched by id); null before the first try
+let lifecycle = null;
 
 const $ = (id) => document.getElementById(id);
 const fmt = (n) => (n === undefined || n === null ? "-" : Number(n).toLocaleString("en-US"));
@@ -114,9 +116,10 @@ function requestRow(id) {
   unwatch.addEventListener("click", () => { watched.delete(id); tr.remove(); });
   const actions = el("span");
   actions.append(cancel, " ", unwatch);
-  tr.append(el("td", id), el("td"), el("td", "-", "num"), el("td", "-", "num"), el("td", "-", "num"), el("td"));
+  tr.append(el("td", id), el("td"), el("td", "-", "num"), el("td", "-", "num"), el("td", "-", "num"),
+    el("td", "-", "num"), el("td", "-", "num"), el("td", "-", "num"), el("td", "-"), el("td"));
   tr.cells[1].appendChild(progress);
-  tr.cells[5].appendChild(actions);
+  tr.cells[9].appendChild(actions);
   watched.set(id, tr);
   $("requests").tBodies[0].appendChild(tr);
   return tr;
@@ -124,13 +127,23 @@ function requestRow(id) {
 
 function showRequest(id, r) {
   const tr = requestRow(id);
-  const [, progCell, deliveredCell, pendingCell, vinsCell] = tr.cells;
+  const [, progCell, deliveredCell, pendingCell, vinsCell, inflightCell, expiredCell, cancelledCell, stateCell,
+    actionsCell] = tr.cells;
   const progress = progCell.firstChild;
   if (!r) {
-    deliveredCell.textContent = pendingCell.textContent = vinsCell.textContent = "-";
+    for (const cell of [deliveredCell, pendingCell, vinsCell, inflightCell, expiredCell, cancelledCell, stateCell]) {
+      cell.textContent = "-";
+    }
     progress.removeAttribute("value");
     return;
   }
+  // counters the lifecycle keeps (absent from the fallback answer built from reqs rows)
+  inflightCell.textContent = r.inflight === undefined ? "-" : fmt(r.inflight);
+  expiredCell.textContent = r.expired === undefined ? "-" : fmt(r.expired);
+  cancelledCell.textContent = r.cancelled === undefined ? "-" : fmt(r.cancelled);
+  stateCell.textContent = r.state || "-";
+  tr.dataset.state = r.state || "";
+  actionsCell.querySelector("button").disabled = r.state !== undefined && r.state !== "active";
   const atLeast = r.truncated ? "\u2265 " : "";
   progress.max = Math.max(1, r.vins);
   progress.value = r.delivered;
@@ -141,11 +154,18 @@ function showRequest(id, r) {
 }
 
 async function refreshRequests() {
+  const listed = new Set();
   if (lifecycle !== false) {
     const list = await getJSON("/api/requests?limit=100");
     if (list.status === 200) {
       lifecycle = true;
-      for (const r of list.body.requests) showRequest(r.request_id, r);
+      for (const r of list.body.requests) {
+        showRequest(r.request_id, r);
+        listed.add(r.request_id);
+      }
+      $("requests-note").textContent = list.body.requests.length
+        ? "Every request known to the cluster (the first 100 by id), live."
+        : "No request yet.";
     } else if (list.status === 501) {
       lifecycle = false;
       $("requests-note").textContent = (list.body && list.body.error ? list.body.error + ". " : "") +
@@ -153,6 +173,7 @@ async function refreshRequests() {
     }
   }
   for (const id of watched.keys()) {
+    if (listed.has(id)) continue;
     const one = await getJSON("/api/requests/" + encodeURIComponent(id));
     showRequest(id, one.status === 200 ? one.body : null);
   }
@@ -165,6 +186,7 @@ async function cancelRequest(id) {
   $("requests-note").textContent = res.status === 200
     ? `request ${id} cancelled`
     : `cancel ${id}: ${res.body && res.body.error ? res.body.error : "HTTP " + res.status}`;
+  if (res.status === 200) showRequest(id, res.body);
 }
 
 async function poll() {
