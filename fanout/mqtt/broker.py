@@ -46,15 +46,22 @@ from .delivery import Delivery
 from .errors import NotConnectFirst, PacketTooLarge, ProtocolError
 from .hooks import BrokerHooks, DeliverStatus
 from .inbound import Inbound
+from .inbound5 import Inbound5
 from .lifecycle import Lifecycle
 from .packets import (
     CONNACK_SERVER_UNAVAILABLE, PINGRESP_BYTES, Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp,
     Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback, Unsubscribe,
 )
+from .packets5 import (
+    Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5, Subscribe5,
+    Unsuback5, Unsubscribe5,
+)
 from .session import Session
 from .settings import MQTTSettings
 from .state import BrokerState
+from .shared import SharedSubscriptions
 from .subscriptions import Subscriptions
+from .subscriptions5 import Subscriptions5
 from .sys_stats import SysStats
 
 log = structlog.get_logger(__name__)
@@ -135,6 +142,9 @@ class Broker:
         lifecycle = self._lifecycle = Lifecycle(st, delivery, defer_auth)
         inbound = self._inbound = Inbound(st, delivery, lifecycle)
         subscriptions = Subscriptions(st, delivery)
+        st.shared = SharedSubscriptions(st.sessions, delivery.give5)
+        inbound5 = Inbound5(st, delivery, lifecycle, inbound)
+        subscriptions5 = Subscriptions5(st, delivery)
         self.deliver = delivery.deliver
         self.publish_local = delivery.publish_local
         self.complete_publish = inbound.complete_publish
@@ -149,6 +159,12 @@ class Broker:
             Unsubscribe: subscriptions.on_unsubscribe, Pingreq: self._on_pingreq,
             Disconnect: lifecycle.on_disconnect, Connect: lifecycle.on_second_connect,
             Connack: bad, Suback: bad, Unsuback: bad, Pingresp: bad,
+            # MQTT 5 (a level-5 CONNECT switches the connection's reader to these classes)
+            Publish5: inbound5.on_publish, Pubrel5: inbound.on_pubrel, Puback5: delivery.on_puback,
+            Pubrec5: inbound5.on_pubrec, Pubcomp5: delivery.on_pubcomp, Subscribe5: subscriptions5.on_subscribe,
+            Unsubscribe5: subscriptions5.on_unsubscribe, Disconnect5: lifecycle.on_disconnect5,
+            Connect5: lifecycle.on_second_connect, Connack5: bad, Suback5: bad, Unsuback5: bad,
+            Auth5: lifecycle.on_auth,
         }
 
     def set_output_callback(self, fn: Callable[[], None]) -> None:

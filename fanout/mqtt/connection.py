@@ -75,17 +75,20 @@ class Connection:
         pending_connect: the CONNECT whose authentication runs (its bytes-after stay in the reader), or None.
         pending_ingest: packet ids of intercepted publishes awaiting complete/reject, or None.
         write_paused: the transport asked to stop writing (QoS 0 to this connection is dropped).
+        v5: None for MQTT 3.1.1; for MQTT 5 the :class:`~fanout.mqtt.link5.Link5` of the CONNECT.
     """
 
     __slots__ = (
         "reader", "state", "connect_seen", "client_id", "session", "principal", "will", "generation",
         "keepalive_ms", "last_rx_ms", "created_ms", "out", "transport", "peer", "close_reason",
-        "wheel_slot", "acl_cache", "pending_connect", "pending_ingest", "write_paused", "max_packet_size",
+        "wheel_slot", "acl_cache", "pending_connect", "pending_ingest", "write_paused", "max_packet_size", "v5",
     )
 
     def __init__(self, max_packet_size: int, now_ms: int = 0, peer: Any = None, *,
                  max_connect_size: int | None = None) -> None:
-        self.reader = PacketReader(max_packet_size if max_connect_size is None else min(max_connect_size, max_packet_size))
+        # protocol level None: the CONNECT's own level (4 or 5) picks the codec of the rest of the stream
+        self.reader = PacketReader(max_packet_size if max_connect_size is None else min(max_connect_size, max_packet_size),
+                                   protocol_level=None)
         self.max_packet_size = max_packet_size
         self.state = CONNECTING
         self.connect_seen = False
@@ -106,6 +109,7 @@ class Connection:
         self.pending_connect: Connect | None = None
         self.pending_ingest: set[int] | None = None
         self.write_paused = False
+        self.v5: Any = None  # MQTT 5: the connection's negotiated parameters (fanout.mqtt.link5.Link5)
 
     def __repr__(self) -> str:
         return f"<Connection {self.client_id!r} {self.state.name} peer={self.peer!r}>"

@@ -34,6 +34,7 @@ import structlog
 from .codec import encode_publish, encode_pubrel
 from .connection import Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
+from .message5 import MsgProps, publish_bytes
 from .packets import Puback, Pubcomp, Pubrec
 from .session import SENT, OutMsg, Session
 from .state import BrokerState
@@ -57,28 +58,49 @@ class Delivery:
         self._emit = state.emit
         # ACL at delivery: None for an access-control object without read rules (an embedding's own)
         self._can_read = getattr(state.acl, "can_read", None)
+        self._retained_props: dict[str, MsgProps] = {}  # topic -> MQTT 5 properties of its retained message
 
     # -- routing -----------------------------------------------------------------------------
 
-    def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> int:
+    def route(self, topic: str, payload: bytes, qos: int, retain: bool, props: MsgProps | None = None,
+              sender: str | None = None) -> int:
         """Store a retained message if asked, then deliver to every matching subscription.
 
+        Args:
+            topic, payload, qos, retain: the message.
+            props: its MQTT 5 properties, or None.
+            sender: the publisher's client id (MQTT 5 No Local), None for the server's own messages.
+
         Returns:
-            The number of sessions the message was given to.
+            The number of sessions the message was given to (shared groups count one each).
         """
         st = self._st
         if retain:
-            self.retain(topic, payload, qos)
+            self.retain(topic, payload, qos, sender, props)
         subs = st.match_cache.get(topic)
         if subs is None:
             subs = self.match(topic)
+        n = 0
         if subs:
-            self.fanout(topic, payload, qos, subs, False)
-            return len(subs)
-        return 0
+            self.fanout(topic, payload, qos, subs, False, props, sender, retain)
+            n = len(subs)
+        shared = st.shared
+        if shared is not None and shared.groups:
+            n += shared.route(topic, payload, qos, props, retain)
+        return n
 
-    def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None) -> None:
-        """Store (or clear) the retained message of ``topic``, counting a refusal by the store's bounds."""
+    def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None,
+               props: MsgProps | None = None) -> None:
+        """Store (or clear) the retained message of ``topic``, counting a refusal by the store's bounds.
+
+        The MQTT 5 properties of a retained message are kept beside the store (``retained_props``), so a
+        replay carries them and an expired one is not replayed (MQTT-3.3.2-5).
+        """
+        extra = self._retained_props
+        if props is not None and payload:
+            extra[topic] = props
+        elif extra:
+            extra.pop(topic, None)
         refused = self._st.retained.set(topic, payload, qos)
         if refused is not None:
             self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
@@ -109,8 +131,13 @@ class Delivery:
         cache[topic] = subs
         return subs
 
-    def fanout(self, topic: str, payload: bytes, qos: int, subs: dict[str, int], retain: bool) -> None:
-        """Give one message to each subscriber in ``subs`` (client id -> granted QoS)."""
+    def fanout(self, topic: str, payload: bytes, qos: int, subs: dict[str, int], retain: bool,
+               props: MsgProps | None = None, sender: str | None = None, published_retain: bool = False) -> None:
+        """Give one message to each subscriber in ``subs`` (client id -> granted QoS).
+
+        MQTT 5 sessions (``s.opts`` not None) and messages with MQTT 5 properties take
+        :meth:`give5`; ``sender`` and ``published_retain`` serve its No Local and Retain As Published.
+        """
         st = self._st
         sessions = st.sessions
         enc0 = None
@@ -127,6 +154,9 @@ class Delivery:
         for cid, granted in subs.items():
             s = sessions.get(cid)
             if s is None:
+                continue
+            if s.opts is not None or props is not None:
+                self.give5(s, topic, payload, qos, granted, props, sender, published_retain)
                 continue
             q = granted if granted < qos else qos
             c = s.conn
@@ -185,11 +215,96 @@ class Delivery:
         if dropped:
             st.pub_dropped += dropped
 
-    def publish_internal(self, topic: str, payload: bytes, qos: int, retain: bool, client_id: str | None = None) -> int:
+    def give5(self, s: Session, topic: str, payload: bytes, qos: int, granted: int, props: MsgProps | None,
+              sender: str | None, published_retain: bool, sub_ids: tuple[int, ...] | None = None) -> bool:
+        """Give one message to one session the MQTT 5 way: not when expired; the options of the session's
+        matching subscriptions decide No Local (MQTT-3.8.3-3), the RETAIN flag (Retain As Published,
+        MQTT-3.3.1-12/13) and the Subscription Identifiers sent (MQTT-3.3.4-3); QoS is min(publish,
+        granted) over the subscriptions left.
+
+        Args:
+            granted: the best granted QoS the trie found (used when no subscription has options).
+            sub_ids: the identifiers to send when the caller decided them (a shared subscription).
+
+        Returns:
+            True when the message was given (sent or queued).
+        """
+        st = self._st
+        if props is not None and props.expires_ms is not None and st.now >= props.expires_ms:
+            st.expired_dropped += 1  # MQTT-3.3.2-5: no onward delivery started: deleted for this subscriber
+            return False
+        retain = False
+        opts = s.opts
+        if sub_ids is None:
+            sub_ids = ()
+            if opts:
+                cid = s.client_id
+                granted = -1
+                ids = []
+                for f, g in s.subs.items():
+                    o = opts.get(f)
+                    if o is None:
+                        if g > granted and topic_matches(f, topic):
+                            granted = g
+                        continue
+                    if not topic_matches(f, topic) or (o.no_local and sender == cid):
+                        continue
+                    if g > granted:
+                        granted = g
+                    if o.retain_as_published and published_retain:
+                        retain = True
+                    if o.sub_id:
+                        ids.append(o.sub_id)
+                if granted < 0:
+                    return False
+                if ids:
+                    sub_ids = tuple(sorted(set(ids)))
+        q = granted if granted < qos else qos
+        c = s.conn
+        if q == 0:
+            if c is None:
+                return False
+            if c.write_paused:
+                st.pub_dropped += 1
+                return False
+            data = publish_bytes(c, topic, payload, 0, retain, False, None, props, sub_ids, st.now)
+            if data is None:
+                st.too_large_dropped += 1
+                return False
+            self._write(c, data)
+            st.pub_sent += 1
+            return True
+        return self.send_msg(s, OutMsg(topic, payload, q, retain, None, False, props, sub_ids)) is not DeliverStatus.DROPPED
+
+    def publish_internal(self, topic: str, payload: bytes, qos: int, retain: bool, client_id: str | None = None,
+                         props: MsgProps | None = None) -> int:
         """Publish a server-originated message (will, $SYS): routed, and forwarded when enabled."""
         if self._st.forward:
             self._emit(LocalPublish(client_id, topic, payload, qos, retain))
-        return self.route(topic, payload, qos, retain)
+        return self.route(topic, payload, qos, retain, props)
+
+    def _publish(self, conn: Connection, m: OutMsg, pid: int, dup: bool, resend: bool = False) -> bytes | None:
+        """The PUBLISH of ``m`` for ``conn``; None (counted) when it is expired or too large for an MQTT 5
+        client. A resend of a message in flight ignores the expiry (onward delivery started, MQTT-3.3.2-5)."""
+        props = m.props
+        if conn.v5 is None and props is None:
+            return encode_publish(m.topic, m.payload, m.qos, m.retain, dup, pid)
+        st = self._st
+        if not resend and props is not None and props.expires_ms is not None and st.now >= props.expires_ms:
+            st.expired_dropped += 1
+            return None
+        data = publish_bytes(conn, m.topic, m.payload, m.qos, m.retain, dup, pid, props, m.sub_ids, st.now)
+        if data is None:
+            st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if it had been sent
+        return data
+
+    def _discard(self, s: Session, pid: int, m: OutMsg) -> None:
+        """Take ``m`` (put in flight as ``pid``) back out: it is not sent (expired or too large)."""
+        if s.inflight.pop(pid, None) is not None:
+            s.bytes -= m.size
+        self._st.pub_dropped += 1
+        if m.tag is not None:
+            self._emit(DeliveryDropped(s.client_id, m.tag))
 
     # -- one session -------------------------------------------------------------------------
 
@@ -197,7 +312,11 @@ class Delivery:
         """Send ``m`` now if the session's window is open, else queue it."""
         if s.window_open(m.size):
             pid = s.send(m)
-            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
+            data = self._publish(s.conn, m, pid, m.dup)
+            if data is None:
+                self._discard(s, pid, m)
+                return DeliverStatus.DROPPED
+            self._write(s.conn, data)
             self._st.pub_sent += 1
             return _SENT
         return self.queue(s, m)
@@ -226,7 +345,11 @@ class Delivery:
             if m is None:
                 return
             pid = s.send(m)
-            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
+            data = self._publish(s.conn, m, pid, m.dup)
+            if data is None:
+                self._discard(s, pid, m)
+                continue
+            self._write(s.conn, data)
             self._st.pub_sent += 1
 
     def resume(self, s: Session) -> None:
@@ -234,26 +357,38 @@ class Delivery:
         conn = s.conn
         for pid, m in s.resend_order():
             if m.state == SENT:
-                self._write(conn, encode_publish(m.topic, m.payload, m.qos, m.retain, True, pid))
+                data = self._publish(conn, m, pid, True, resend=True)
+                if data is None:
+                    self._discard(s, pid, m)
+                    continue
+                self._write(conn, data)
                 self._st.pub_sent += 1
             else:
                 self._write(conn, encode_pubrel(pid))
         self.drain(s)
 
-    def replay_retained(self, s: Session, topic_filter: str, granted: int) -> None:
-        """Send the retained messages matching a new subscription, RETAIN=1 (MQTT-3.3.1-6, -8)."""
+    def replay_retained(self, s: Session, topic_filter: str, granted: int, sub_ids: tuple[int, ...] = ()) -> None:
+        """Send the retained messages matching a new subscription, RETAIN=1 (MQTT-3.3.1-6, -8), with their
+        MQTT 5 properties and the subscription's identifier, unless expired."""
         conn = s.conn
         can_read = self._can_read
+        extra = self._retained_props
         for topic, payload, rqos in self._st.retained.matching(topic_filter):
             if can_read is not None and s.principal is not None and not can_read(s.principal, topic):
                 self._st.deliveries_denied += 1
                 continue  # ACL at delivery holds for retained replay too
+            props = extra.get(topic) if extra else None
             q = rqos if rqos < granted else granted
             if q == 0:
-                self._write(conn, encode_publish(topic, payload, 0, True, False, None))
-                self._st.pub_sent += 1
+                if props is None and conn.v5 is None:
+                    data: bytes | None = encode_publish(topic, payload, 0, True, False, None)
+                else:
+                    data = self._publish(conn, OutMsg(topic, payload, 0, True, None, False, props, sub_ids), 0, False)
+                if data is not None:
+                    self._write(conn, data)
+                    self._st.pub_sent += 1
             else:
-                self.send_msg(s, OutMsg(topic, payload, q, True))
+                self.send_msg(s, OutMsg(topic, payload, q, True, None, False, props, sub_ids))
 
     def report_drops(self) -> None:
         """Log the queue drops since the last call, one line per session (called once per sweep)."""
@@ -355,7 +490,10 @@ class Delivery:
             if granted < qos:
                 qos = granted
         if qos == 0:
-            self._write(s.conn, encode_publish(topic, payload, 0, False, False, None))
+            data = self._publish(s.conn, OutMsg(topic, payload, 0), 0, False)
+            if data is None:
+                return DeliverStatus.DROPPED
+            self._write(s.conn, data)
             self._st.pub_sent += 1
             if tag is not None:
                 self._emit(Delivered(client_id, tag, 0))
