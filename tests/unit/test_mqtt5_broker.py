@@ -1,0 +1,506 @@
+"""The broker core speaking MQTT 5, driven in memory (the ``Net`` of test_mqtt_broker, with a level-5 peer)."""
+from __future__ import annotations
+
+import pytest
+
+from fanout.config import AclRule
+from fanout.mqtt.codec import PacketReader, encode
+from fanout.mqtt.connection import CONNECTED
+from fanout.mqtt.packets import Connack, Connect, Publish, Subscribe, Pingreq, Pingresp
+from fanout.mqtt.packets5 import (
+    Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5, Subscribe5,
+    Subscription, Unsuback5, Unsubscribe5, Will5,
+)
+from fanout.mqtt.properties import EMPTY_PROPERTIES, Properties
+from fanout.mqtt.reason_codes import ReasonCode as RC
+from tests.unit.test_mqtt_broker import FakeClient, Net
+
+
+class Client5(FakeClient):
+    """A peer that speaks MQTT 5 (its reader decodes the broker's level-5 packets)."""
+
+    def __init__(self, net: Net) -> None:
+        super().__init__(net)
+        self.reader = PacketReader(protocol_level=5)
+
+    def connect5(self, client_id: str, clean: bool = True, keepalive: int = 60, will: Will5 | None = None,
+                 username: str | None = None, password: bytes | None = None, **props) -> Connack5:
+        self.send(Connect5(client_id, clean, keepalive, username, password, will, Properties(**props)))
+        got = self.take()
+        assert got and isinstance(got[0], Connack5), got
+        self.inbox = got[1:]
+        return got[0]
+
+    def sub5(self, *subs: Subscription, pid: int = 1, sub_id: int | None = None) -> tuple[int, ...]:
+        props = Properties(subscription_identifiers=(sub_id,)) if sub_id else EMPTY_PROPERTIES
+        self.send(Subscribe5(pid, subs, props))
+        got = self.take()
+        assert isinstance(got[0], Suback5) and got[0].packet_id == pid, got
+        self.inbox = got[1:]
+        return got[0].reason_codes
+
+
+def c5(net: Net) -> Client5:
+    return Client5(net)
+
+
+def publishes(packets) -> list:
+    return [p for p in packets if isinstance(p, (Publish, Publish5))]
+
+
+@pytest.fixture
+def net() -> Net:
+    return Net()
+
+
+# -- negotiation and CONNACK -------------------------------------------------------------------------
+
+
+def test_level5_connect_gets_connack5_with_properties(net):
+    c = c5(net)
+    ack = c.connect5("a")
+    assert ack.reason_code == 0 and not ack.session_present
+    props = ack.properties
+    assert props.receive_maximum == net.settings.receive_maximum
+    assert props.topic_alias_maximum == net.settings.topic_alias_maximum
+    assert props.maximum_packet_size == net.settings.max_packet_size_bytes
+    assert (props.retain_available, props.wildcard_subscription_available,
+            props.subscription_identifier_available, props.shared_subscription_available) == (1, 1, 1, 1)
+    assert props.assigned_client_identifier is None
+    assert c.conn.state is CONNECTED and c.conn.v5 is not None
+    assert net.broker.state.v5_connected == 1
+    c.send(Pingreq())
+    assert c.take() == [Pingresp()]
+
+
+def test_level4_connect_is_unchanged(net):
+    c = net.client()
+    assert c.connect("a") == Connack(False, 0)
+    assert c.conn.v5 is None
+
+
+def test_assigned_client_identifier_and_server_keep_alive():
+    net = Net(mqtt={"max_keepalive": "30s"})
+    c = c5(net)
+    ack = c.connect5("", clean=False, keepalive=600)
+    assert ack.properties.assigned_client_identifier.startswith("auto-")
+    assert ack.properties.server_keep_alive == 30
+    assert c.conn.keepalive_ms == 45_000
+
+
+def test_refusals_carry_mqtt5_reason_codes():
+    net = Net(mqtt={"anonymous_role": "none"}, users={})
+    c = c5(net)
+    c.send(Connect5("a"))
+    assert c.take()[0].reason_code == RC.NOT_AUTHORIZED and c.closed
+    c = c5(net)
+    c.send(Connect5("a", properties=Properties(authentication_method="SCRAM-SHA-1")))
+    assert c.take()[0].reason_code == RC.BAD_AUTHENTICATION_METHOD and c.closed
+
+
+def test_bad_password_is_0x86():
+    from fanout.config import UserConfig
+    from fanout.mqtt.auth import hash_password
+
+    net = Net(users={"alice": UserConfig("alice", hash_password("secret", iterations=1000), "client")})
+    c = c5(net)
+    c.send(Connect5("a", username="alice", password=b"wrong"))
+    assert c.take()[0].reason_code == RC.BAD_USER_NAME_OR_PASSWORD
+
+
+def test_session_expiry_replaces_clean_session(net):
+    sub = c5(net)
+    sub.connect5("s", clean=True, session_expiry_interval=60)
+    sub.sub5(Subscription("t", 1))
+    sub.send(Disconnect5())
+    assert sub.closed
+    pub = c5(net)
+    pub.connect5("p")
+    pub.send(Publish5("t", b"held", 1, packet_id=1))
+    again = c5(net)
+    ack = again.connect5("s", clean=False)
+    assert ack.session_present
+    assert [p.payload for p in publishes(again.take())] == [b"held"]
+    again.send(Disconnect5())
+    net.advance(61_000)
+    assert net.broker.session_of("s") is None  # its own 60 s, not mqtt.session_expiry (2 h)
+
+
+def test_session_expiry_zero_ends_with_connection(net):
+    c = c5(net)
+    c.connect5("z", clean=False)
+    c.sub5(Subscription("t", 1))
+    c.send(Disconnect5())
+    assert net.broker.session_of("z") is None
+
+
+def test_disconnect_may_not_raise_expiry_from_zero(net):
+    c = c5(net)
+    c.connect5("z")
+    c.send(Disconnect5(properties=Properties(session_expiry_interval=10)))
+    assert c.closed and net.broker.session_of("z") is None
+
+
+def test_session_expiry_capped_by_config():
+    net = Net(mqtt={"session_expiry": "1m"})
+    c = c5(net)
+    ack = c.connect5("s", session_expiry_interval=0xFFFFFFFF)
+    assert ack.properties.session_expiry_interval == 60
+
+
+# -- flow control and sizes --------------------------------------------------------------------------
+
+
+def test_client_receive_maximum_bounds_the_window(net):
+    sub = c5(net)
+    sub.connect5("s", receive_maximum=2)
+    sub.sub5(Subscription("t", 1))
+    pub = net.client()
+    pub.connect("p")
+    for i in range(5):
+        pub.send(Publish("t", b"%d" % i, 1, packet_id=i + 1))
+    got = publishes(sub.take())
+    assert [p.payload for p in got] == [b"0", b"1"]
+    sub.send(Puback5(got[0].packet_id))
+    assert [p.payload for p in publishes(sub.take())] == [b"2"]
+
+
+def test_client_exceeding_server_receive_maximum_gets_0x93():
+    net = Net(mqtt={"receive_maximum": 2})
+    c = c5(net)
+    c.connect5("q")
+    for pid in (1, 2, 3):
+        c.send(Publish5("t", b"x", 2, packet_id=pid))
+    got = c.take()
+    assert [type(p) for p in got] == [Pubrec5, Pubrec5, Disconnect5]
+    assert got[-1].reason_code == RC.RECEIVE_MAXIMUM_EXCEEDED and c.closed
+
+
+def test_message_over_client_maximum_packet_size_is_not_sent(net):
+    sub = c5(net)
+    sub.connect5("s", maximum_packet_size=100)
+    sub.sub5(Subscription("t", 1))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"x" * 200, 1, packet_id=1), Publish("t", b"small", 1, packet_id=2))
+    assert [p.payload for p in publishes(sub.take())] == [b"small"]
+    assert net.broker.state.too_large_dropped == 1
+    assert len(net.broker.session_of("s").inflight) == 1  # the small one; the big one left the window
+
+
+def test_inbound_topic_alias(net):
+    sub = c5(net)
+    sub.connect5("s")
+    sub.sub5(Subscription("long/topic", 0))
+    pub = c5(net)
+    pub.connect5("p")
+    pub.send(Publish5("long/topic", b"1", properties=Properties(topic_alias=3)),
+             Publish5("", b"2", properties=Properties(topic_alias=3)))
+    got = publishes(sub.take())
+    assert [(p.topic, p.payload) for p in got] == [("long/topic", b"1"), ("long/topic", b"2")]
+    assert got[0].properties.topic_alias is None  # one hop only
+
+
+def test_topic_alias_over_maximum_is_0x94(net):
+    c = c5(net)
+    c.connect5("p")
+    c.send(Publish5("t", b"1", properties=Properties(topic_alias=net.settings.topic_alias_maximum + 1)))
+    got = c.take()
+    assert got[-1] == Disconnect5(RC.TOPIC_ALIAS_INVALID) and c.closed
+
+
+def test_unknown_topic_alias_is_protocol_error(net):
+    c = c5(net)
+    c.connect5("p")
+    c.send(Publish5("", b"1", properties=Properties(topic_alias=1)))
+    assert c.take()[-1] == Disconnect5(RC.PROTOCOL_ERROR) and c.closed
+
+
+# -- PUBLISH / SUBSCRIBE semantics -------------------------------------------------------------------
+
+
+def test_puback_reason_codes(net):
+    c = c5(net)
+    c.connect5("p")
+    c.send(Publish5("nobody/here", b"x", 1, packet_id=1))
+    assert c.take() == [Puback5(1, RC.NO_MATCHING_SUBSCRIBERS)]
+    c.send(Publish5("$SYS/x", b"x", 1, packet_id=2))
+    assert c.take() == [Puback5(2, RC.NOT_AUTHORIZED)]
+    c.send(Publish5("t", b"\xff", 1, packet_id=3, properties=Properties(payload_format_indicator=1)))
+    assert c.take() == [Puback5(3, RC.PAYLOAD_FORMAT_INVALID)]
+    c.sub5(Subscription("t", 1))
+    c.send(Publish5("t", b"ok", 1, packet_id=4))
+    got = c.take()
+    assert Puback5(4, 0) in got
+
+
+def test_suback_and_unsuback_reason_codes():
+    net = Net(acl=(AclRule("subscribe", "test/nosubscribe", False),))
+    c = c5(net)
+    c.connect5("s")
+    assert c.sub5(Subscription("test/nosubscribe", 1), Subscription("a/+", 2), Subscription("a/#/b", 0)) == (
+        RC.NOT_AUTHORIZED, 2, RC.TOPIC_FILTER_INVALID)
+    c.send(Unsubscribe5(2, ("a/+", "never")))
+    assert c.take() == [Unsuback5(2, (0, RC.NO_SUBSCRIPTION_EXISTED))]
+
+
+def test_no_local(net):
+    c = c5(net)
+    c.connect5("me")
+    c.sub5(Subscription("t", 0, no_local=True))
+    c.send(Publish5("t", b"own"))
+    assert publishes(c.take()) == []
+    other = net.client()
+    other.connect("other")
+    other.send(Publish("t", b"theirs"))
+    assert [p.payload for p in publishes(c.take())] == [b"theirs"]
+
+
+def test_retain_as_published_and_retain_handling(net):
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("r", b"kept", 0, retain=True))
+    rap = c5(net)
+    rap.connect5("rap")
+    rap.sub5(Subscription("r", 0, retain_as_published=True))
+    assert [(p.payload, p.retain) for p in publishes(rap.take())] == [(b"kept", True)]  # replay: RETAIN 1
+    plain = c5(net)
+    plain.connect5("plain")
+    plain.sub5(Subscription("r", 0, retain_handling=2))
+    assert publishes(plain.take()) == []  # 2: never
+    plain.sub5(Subscription("r", 0, retain_handling=1), pid=2)
+    assert publishes(plain.take()) == []  # 1: only when new
+    plain.sub5(Subscription("r2", 0, retain_handling=1), pid=3)
+    pub.send(Publish("r", b"live", 0, retain=True))
+    assert [(p.payload, p.retain) for p in publishes(rap.take())] == [(b"live", True)]
+    assert [(p.payload, p.retain) for p in publishes(plain.take())] == [(b"live", False)]
+
+
+def test_subscription_identifiers(net):
+    c = c5(net)
+    c.connect5("s")
+    c.sub5(Subscription("a/+", 0), sub_id=7)
+    c.sub5(Subscription("a/#", 1), pid=2, sub_id=9)
+    c.sub5(Subscription("b", 0), pid=3)
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("a/x", b"1"), Publish("b", b"2"))
+    got = publishes(c.take())
+    assert got[0].properties.subscription_identifiers == (7, 9)
+    assert got[1].properties.subscription_identifiers == ()
+
+
+def test_properties_forwarded_to_v5_and_dropped_for_v3(net):
+    v5 = c5(net)
+    v5.connect5("v5")
+    v5.sub5(Subscription("t", 1))
+    v3 = net.client()
+    v3.connect("v3")
+    v3.subscribe(("t", 1))
+    pub = c5(net)
+    pub.connect5("p")
+    props = Properties(payload_format_indicator=1, content_type="text/plain", response_topic="reply/here",
+                       correlation_data=b"\x01\x02", user_properties=(("trace", "1"), ("b", "2"), ("trace", "3")))
+    pub.send(Publish5("t", b"hello", 1, packet_id=1, properties=props))
+    got = publishes(v5.take())[0]
+    assert got.properties == props
+    plain = publishes(v3.take())[0]
+    assert isinstance(plain, Publish) and plain.payload == b"hello"
+
+
+def test_v3_publisher_to_v5_receiver(net):
+    v5 = c5(net)
+    v5.connect5("v5")
+    v5.sub5(Subscription("t", 1))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"x", 1, packet_id=1))
+    got = publishes(v5.take())
+    assert len(got) == 1 and isinstance(got[0], Publish5) and got[0].properties == EMPTY_PROPERTIES
+
+
+def test_message_expiry(net):
+    sub = c5(net)
+    sub.connect5("s", clean=False, session_expiry_interval=3600)
+    sub.sub5(Subscription("t", 1))
+    sub.send(Disconnect5())
+    pub = c5(net)
+    pub.connect5("p")
+    pub.send(Publish5("t", b"short", 1, packet_id=1, properties=Properties(message_expiry_interval=2)),
+             Publish5("t", b"long", 1, packet_id=2, properties=Properties(message_expiry_interval=100)))
+    net.advance(5_000)
+    again = c5(net)
+    again.connect5("s", clean=False)
+    got = publishes(again.take())
+    assert [p.payload for p in got] == [b"long"]
+    assert 94 <= got[0].properties.message_expiry_interval <= 95  # the remaining interval
+    assert net.broker.state.expired_dropped == 1
+
+
+# -- DISCONNECT and wills ----------------------------------------------------------------------------
+
+
+def test_takeover_sends_0x8e(net):
+    a = c5(net)
+    a.connect5("same")
+    b = c5(net)
+    b.connect5("same")
+    assert a.take() == [Disconnect5(RC.SESSION_TAKEN_OVER)] and a.closed
+
+
+def test_keepalive_timeout_sends_0x8d(net):
+    a = c5(net)
+    a.connect5("k", keepalive=1)
+    net.advance(3_000)
+    assert a.take() == [Disconnect5(RC.KEEP_ALIVE_TIMEOUT)] and a.closed
+
+
+def test_protocol_error_sends_its_reason_code(net):
+    a = c5(net)
+    a.connect5("k")
+    a.send(Connect5("again"))
+    assert a.take() == [Disconnect5(RC.PROTOCOL_ERROR)] and a.closed
+
+
+def test_shutdown_sends_0x8b(net):
+    a = c5(net)
+    a.connect5("k")
+    net.broker.shutdown()
+    net.pump()
+    assert a.take() == [Disconnect5(RC.SERVER_SHUTTING_DOWN)]
+
+
+def test_disconnect_with_will_message(net):
+    w = net.client()
+    w.connect("w")
+    w.subscribe(("will/#", 0))
+    a = c5(net)
+    a.connect5("a", will=Will5("will/a", b"bye", properties=Properties(content_type="text/plain")))
+    a.send(Disconnect5(RC.DISCONNECT_WITH_WILL_MESSAGE))
+    assert [p.payload for p in publishes(w.take())] == [b"bye"]
+    b = c5(net)
+    b.connect5("b", will=Will5("will/b", b"bye"))
+    b.send(Disconnect5())
+    assert publishes(w.take()) == []
+
+
+def test_will_delay_cancelled_by_reconnect_and_published_after_it(net):
+    w = c5(net)
+    w.connect5("w")
+    w.sub5(Subscription("will/#", 0))
+    will = Will5("will/a", b"late", properties=Properties(will_delay_interval=5, content_type="x"))
+    a = c5(net)
+    a.connect5("a", clean=False, will=will, session_expiry_interval=600)
+    a.drop()
+    net.advance(2_000)
+    assert publishes(w.take()) == []
+    back = c5(net)
+    back.connect5("a", clean=False, will=will, session_expiry_interval=600)
+    net.advance(10_000)
+    assert publishes(w.take()) == []  # cancelled by the reconnect (MQTT-3.1.3-9)
+    back.drop()
+    net.advance(6_000)
+    got = publishes(w.take())
+    assert [p.payload for p in got] == [b"late"] and got[0].properties.content_type == "x"
+
+
+def test_will_delay_ends_with_the_session(net):
+    w = c5(net)
+    w.connect5("w")
+    w.sub5(Subscription("will/#", 0))
+    a = c5(net)
+    a.connect5("a", will=Will5("will/a", b"now", properties=Properties(will_delay_interval=60)))
+    a.drop()  # Session Expiry 0: the session ends at once, so does the delay
+    assert [p.payload for p in publishes(w.take())] == [b"now"]
+
+
+# -- shared subscriptions ----------------------------------------------------------------------------
+
+
+def test_shared_subscription_one_member_each(net):
+    members = []
+    for name in ("m1", "m2"):
+        m = c5(net)
+        m.connect5(name)
+        assert m.sub5(Subscription("$share/g/jobs/+", 1)) == (1,)
+        members.append(m)
+    plain = c5(net)
+    plain.connect5("plain")
+    plain.sub5(Subscription("jobs/+", 0))
+    pub = net.client()
+    pub.connect("p")
+    for i in range(4):
+        pub.send(Publish("jobs/x", b"%d" % i, 1, packet_id=i + 1))
+    got = [[p.payload for p in publishes(m.take())] for m in members]
+    assert sorted(got[0] + got[1]) == [b"0", b"1", b"2", b"3"] and got[0] and got[1]
+    assert len(publishes(plain.take())) == 4
+    assert "jobs/+" in net.broker.route_filters()
+
+
+def test_shared_subscription_invalid_and_unsubscribe(net):
+    m = c5(net)
+    m.connect5("m")
+    assert m.sub5(Subscription("$share/g+/x", 0), Subscription("$share/g", 0)) == (
+        RC.TOPIC_FILTER_INVALID, RC.TOPIC_FILTER_INVALID)
+    m.sub5(Subscription("$share/g/x", 0), pid=2)
+    m.send(Unsubscribe5(3, ("$share/g/x",)))
+    assert m.take() == [Unsuback5(3, (0,))]
+    assert not net.broker.state.shared.groups
+
+
+def test_shared_subscription_leaves_with_the_session(net):
+    m = c5(net)
+    m.connect5("m")
+    m.sub5(Subscription("$share/g/x", 0))
+    m.send(Disconnect5())
+    assert not net.broker.state.shared.groups
+
+
+# -- QoS 2 with v5 acks ------------------------------------------------------------------------------
+
+
+def test_qos2_both_directions_v5(net):
+    sub = c5(net)
+    sub.connect5("s")
+    sub.sub5(Subscription("t", 2))
+    pub = c5(net)
+    pub.connect5("p")
+    pub.send(Publish5("t", b"x", 2, packet_id=5))
+    assert pub.take() == [Pubrec5(5)]
+    pub.send(Pubrel5(5))
+    assert pub.take() == [Pubcomp5(5)]
+    got = publishes(sub.take())
+    sub.send(Pubrec5(got[0].packet_id))
+    assert [type(p) for p in sub.take()] == [Pubrel5]
+    sub.send(Pubcomp5(got[0].packet_id))
+    assert not net.broker.session_of("s").inflight
+
+
+def test_pubrec_failure_ends_the_exchange(net):
+    sub = c5(net)
+    sub.connect5("s")
+    sub.sub5(Subscription("t", 2))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"x", 2, packet_id=1))
+    got = publishes(sub.take())
+    sub.send(Pubrec5(got[0].packet_id, RC.UNSPECIFIED_ERROR))
+    assert sub.take() == [] and not net.broker.session_of("s").inflight
+
+
+def test_v3_subscribe_still_0x80(net):
+    c = net.client()
+    c.connect("a")
+    c.send(Subscribe(1, (("a/#/b", 0),)))
+    assert c.take()[0].return_codes == (0x80,)
+
+
+def test_level5_connect_byte_at_a_time(net):
+    c = c5(net)
+    data = encode(Connect5("slow", properties=Properties(receive_maximum=5)))
+    for i in range(len(data)):
+        c.send_raw(data[i:i + 1])
+    got = c.take()
+    assert isinstance(got[0], Connack5) and got[0].reason_code == 0
+    assert net.broker.session_of("slow").inflight_cap == 5
+    _ = Connect  # the 3.1.1 class stays importable beside the 5 one
