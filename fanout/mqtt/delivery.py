@@ -34,10 +34,11 @@ import structlog
 from .codec import encode_publish, encode_pubrel
 from .connection import Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
-from .message5 import MsgProps, publish_bytes
+from .message5 import MsgProps, out_publish, publish_bytes
 from .packets import Puback, Pubcomp, Pubrec
 from .session import SENT, OutMsg, Session
 from .state import BrokerState
+from .subopts import apply_options
 from .topics import topic_matches
 
 log = structlog.get_logger(__name__)
@@ -234,31 +235,12 @@ class Delivery:
             st.expired_dropped += 1  # MQTT-3.3.2-5: no onward delivery started: deleted for this subscriber
             return False
         retain = False
-        opts = s.opts
         if sub_ids is None:
             sub_ids = ()
-            if opts:
-                cid = s.client_id
-                granted = -1
-                ids = []
-                for f, g in s.subs.items():
-                    o = opts.get(f)
-                    if o is None:
-                        if g > granted and topic_matches(f, topic):
-                            granted = g
-                        continue
-                    if not topic_matches(f, topic) or (o.no_local and sender == cid):
-                        continue
-                    if g > granted:
-                        granted = g
-                    if o.retain_as_published and published_retain:
-                        retain = True
-                    if o.sub_id:
-                        ids.append(o.sub_id)
+            if s.opts:
+                granted, retain, sub_ids = apply_options(s, topic, sender, published_retain)
                 if granted < 0:
                     return False
-                if ids:
-                    sub_ids = tuple(sorted(set(ids)))
         q = granted if granted < qos else qos
         c = s.conn
         if q == 0:
@@ -284,19 +266,10 @@ class Delivery:
         return self.route(topic, payload, qos, retain, props)
 
     def _publish(self, conn: Connection, m: OutMsg, pid: int, dup: bool, resend: bool = False) -> bytes | None:
-        """The PUBLISH of ``m`` for ``conn``; None (counted) when it is expired or too large for an MQTT 5
-        client. A resend of a message in flight ignores the expiry (onward delivery started, MQTT-3.3.2-5)."""
-        props = m.props
-        if conn.v5 is None and props is None:
+        """The PUBLISH of ``m`` for ``conn`` (:func:`~fanout.mqtt.message5.out_publish`)."""
+        if conn.v5 is None and m.props is None:
             return encode_publish(m.topic, m.payload, m.qos, m.retain, dup, pid)
-        st = self._st
-        if not resend and props is not None and props.expires_ms is not None and st.now >= props.expires_ms:
-            st.expired_dropped += 1
-            return None
-        data = publish_bytes(conn, m.topic, m.payload, m.qos, m.retain, dup, pid, props, m.sub_ids, st.now)
-        if data is None:
-            st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if it had been sent
-        return data
+        return out_publish(self._st, conn, m, pid, dup, resend)
 
     def _discard(self, s: Session, pid: int, m: OutMsg) -> None:
         """Take ``m`` (put in flight as ``pid``) back out: it is not sent (expired or too large)."""

@@ -30,7 +30,6 @@ the deadline wheel, session expiry, forgetting old takeover windows).
 from __future__ import annotations
 
 import functools
-import heapq
 import secrets
 from typing import Any, Callable
 
@@ -40,6 +39,7 @@ from .codec import encode_connack, encode_connack5, encode_disconnect5
 from .connection import CONNECTED, CONNECTING, Connection
 from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
+from .expiry import SessionExpiry
 from .hooks import ClientConnected, ClientDisconnected
 from .link5 import CONNACK_CODE_5, NEVER_EXPIRES, Link5, connack_properties, keepalive_s, session_expiry_s
 from .login_guard import peer_host
@@ -92,7 +92,7 @@ class Lifecycle:
         self._cached = getattr(state.acl, "authenticate_cached", lambda *a: None)
         self._generation = 0
         self.wills = DelayedWills()  # MQTT 5 wills with a Will Delay Interval, after their connection ended
-        self._expiries: list[tuple[int, str, int]] = []  # MQTT 5 (deadline, client id, disconnected_ms)
+        self._expiry = SessionExpiry(state, s.session_expiry_ms)
         self.shared_available = True  # set by the broker: shared subscriptions are offered (CONNACK)
 
     def connection_made(self, now_ms: int, peer: Any) -> Connection:
@@ -366,8 +366,7 @@ class Lifecycle:
                 kept = True
                 s.disconnected_ms = st.now
                 st.offline[s.client_id] = None
-                if s.expiry_ms is not None and s.expiry_ms >= 0:
-                    heapq.heappush(self._expiries, (st.now + s.expiry_ms, s.client_id, st.now))
+                self._expiry.went_offline(s, st.now)
                 if st.events is not None:
                     a, b = s.tags()
                     tags = a + b
@@ -463,34 +462,14 @@ class Lifecycle:
                     wheel.schedule(conn, deadline)
 
     def expire_sessions(self, now_ms: int) -> None:
-        """Drop persistent sessions offline for longer than ``session_expiry_ms`` (0 = never), MQTT 5
-        sessions after their own Session Expiry Interval; publish delayed wills that are due."""
-        st = self._st
+        """Drop expired offline sessions (:mod:`expiry`); publish delayed wills that are due."""
         for cid, w in self.wills.due(now_ms):
             self.publish_will(cid, w)
-        heap = self._expiries
-        while heap and heap[0][0] <= now_ms:
-            _, cid, since = heapq.heappop(heap)
-            s = st.sessions.get(cid)
-            if s is not None and s.conn is None and s.disconnected_ms == since and s.expiry_ms is not None:
-                log.info("mqtt session expired", client_id=cid, queued=s.queued_count(), inflight=len(s.inflight))
+        for s in self._expiry.expired(now_ms):
+            if self._st.sessions.get(s.client_id) is s:
+                log.info("mqtt session expired", client_id=s.client_id, queued=s.queued_count(),
+                         inflight=len(s.inflight))
                 self.discard_session(s)
-        expiry = self._session_expiry
-        if not expiry or not st.offline:
-            return
-        expired = []
-        sessions = st.sessions
-        for cid in st.offline:
-            s = sessions[cid]
-            if s.expiry_ms is not None:
-                continue  # an MQTT 5 Session Expiry Interval (within the cap): the heap above
-            if now_ms - s.disconnected_ms < expiry:
-                break
-            expired.append(cid)
-        for cid in expired:
-            s = st.sessions[cid]
-            log.info("mqtt session expired", client_id=cid, queued=s.queued_count(), inflight=len(s.inflight))
-            self.discard_session(s)
 
     def forget_takeovers(self, now_ms: int) -> None:
         """Forget takeover windows that have ended."""

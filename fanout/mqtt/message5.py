@@ -112,4 +112,18 @@ def publish_bytes(conn: Any, topic: str | bytes, payload: bytes, qos: int, retai
     return data
 
 
-__all__ = ["MsgProps", "message_props", "publish_bytes"]
+def out_publish(st: Any, conn: Any, m: Any, packet_id: int, dup: bool, resend: bool = False) -> bytes | None:
+    """The PUBLISH of a held message (:class:`~fanout.mqtt.session.OutMsg`) for ``conn``; None, counted on
+    the broker state ``st``, when it is expired or too large for an MQTT 5 client. A resend of a message in
+    flight ignores the expiry: its onward delivery had started (MQTT-3.3.2-5)."""
+    props = m.props
+    if not resend and props is not None and props.expires_ms is not None and st.now >= props.expires_ms:
+        st.expired_dropped += 1
+        return None
+    data = publish_bytes(conn, m.topic, m.payload, m.qos, m.retain, dup, packet_id, props, m.sub_ids, st.now)
+    if data is None:
+        st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if it had been sent
+    return data
+
+
+__all__ = ["MsgProps", "message_props", "publish_bytes", "out_publish"]

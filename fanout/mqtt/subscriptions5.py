@@ -19,8 +19,6 @@ UNSUBACK carries 0x00 per removed filter and 0x11 (No subscription existed) othe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import structlog
 
 from .codec import encode_suback5, encode_unsuback5
@@ -32,18 +30,10 @@ from .reason_codes import ReasonCode as RC
 from .session import Session
 from .shared import parse_shared
 from .state import BrokerState
+from .subopts import SubOpts
 from .topics import InvalidTopic, over_limits, validate_topic_filter
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SubOpts:
-    """The MQTT 5 options of one subscription that change what its messages look like."""
-
-    no_local: bool = False
-    retain_as_published: bool = False
-    sub_id: int | None = None
 
 
 class Subscriptions5:
