@@ -104,6 +104,7 @@ class Delivery:
             extra.pop(topic, None)
         refused = self._st.retained.set(topic, payload, qos)
         if refused is not None:
+            extra.pop(topic, None)  # not stored: no properties either
             self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
                               retained_bytes=self._st.retained.bytes)
 

@@ -504,3 +504,95 @@ def test_level5_connect_byte_at_a_time(net):
     assert isinstance(got[0], Connack5) and got[0].reason_code == 0
     assert net.broker.session_of("slow").inflight_cap == 5
     _ = Connect  # the 3.1.1 class stays importable beside the 5 one
+
+
+# -- ingest, limits, $SYS, retained properties -------------------------------------------------------
+
+
+def test_v5_ingest_acked_when_durable_and_rejected_with_negative_puback():
+    from fanout.mqtt.hooks import IngestTicket, RecordingHooks
+
+    hooks = RecordingHooks(intercept_ingest=True)
+    net = Net(hooks=hooks)
+    p = c5(net)
+    p.connect5("plat", username="platform", password=b"platform")
+    p.send(Publish5("$SDV-FANOUT/trigger", b"{}", 1, packet_id=11))
+    assert p.take() == []
+    (t,) = hooks.take(IngestTicket)
+    assert net.broker.complete_publish("plat", 11, t.generation) is True
+    net.pump()
+    assert p.take() == [Puback5(11)]
+    p.send(Publish5("$SDV-FANOUT/trigger", b"nope", 1, packet_id=12))
+    (t,) = hooks.take(IngestTicket)
+    assert net.broker.reject_publish("plat", 12, {"error": "trigger: not JSON", "field": "ids"}, t.generation)
+    net.pump()
+    got = p.take()
+    assert got == [Puback5(12, RC.PAYLOAD_FORMAT_INVALID, Properties(reason_string="trigger: not JSON"))]
+    assert not p.closed  # MQTT 5: the connection stays
+    p.send(Publish5("$SDV-FANOUT/data/x", b"b", 1, packet_id=13))
+    (t,) = hooks.take(IngestTicket)
+    net.broker.reject_publish("plat", 13, {"error": "unknown data id", "reason_code": RC.IMPLEMENTATION_SPECIFIC_ERROR})
+    net.pump()
+    assert p.take()[0].reason_code == RC.IMPLEMENTATION_SPECIFIC_ERROR
+
+
+def test_v5_ingest_via_topic_alias_keeps_the_topic():
+    from fanout.mqtt.hooks import IngestTicket, RecordingHooks
+
+    hooks = RecordingHooks(intercept_ingest=True)
+    net = Net(hooks=hooks)
+    p = c5(net)
+    p.connect5("plat", username="platform", password=b"platform")
+    p.send(Publish5("$SDV-FANOUT/trigger", b"1", 1, packet_id=1, properties=Properties(topic_alias=2)),
+           Publish5("", b"2", 1, packet_id=2, properties=Properties(topic_alias=2)))
+    assert [t.topic for t in hooks.take(IngestTicket)] == ["$SDV-FANOUT/trigger"] * 2
+
+
+def test_packet_too_large_from_v5_client_is_0x95():
+    net = Net(mqtt={"max_packet_size": "1KiB"})
+    c = c5(net)
+    c.connect5("big")
+    c.send(Publish5("t", b"x" * 2000))
+    assert c.take() == [Disconnect5(RC.PACKET_TOO_LARGE)] and c.closed
+
+
+def test_sys_counts_mqtt5_clients(net):
+    a, b = c5(net), net.client()
+    a.connect5("a")
+    b.connect("b")
+    snap = net.broker.sys.snapshot(net.now)
+    assert snap["$SYS/broker/clients/mqtt5/connected"] == 1 and snap["$SYS/broker/clients/connected"] == 2
+    a.send(Disconnect5())
+    assert net.broker.sys.snapshot(net.now)["$SYS/broker/clients/mqtt5/connected"] == 0
+
+
+def test_retained_message_keeps_its_properties_and_expires(net):
+    pub = c5(net)
+    pub.connect5("p")
+    pub.send(Publish5("r/1", b"a", 0, retain=True, properties=Properties(content_type="text/x")),
+             Publish5("r/2", b"b", 0, retain=True, properties=Properties(message_expiry_interval=1)))
+    net.advance(2_000)
+    sub = c5(net)
+    sub.connect5("s")
+    sub.sub5(Subscription("r/+", 0), sub_id=4)
+    got = publishes(sub.take())
+    assert [(p.topic, p.retain, p.properties.content_type, p.properties.subscription_identifiers) for p in got] == [
+        ("r/1", True, "text/x", (4,))]
+    v3 = net.client()
+    v3.connect("v3")
+    v3.subscribe(("r/+", 0))
+    assert [p.payload for p in publishes(v3.take())] == [b"a"]
+
+
+def test_offline_v5_session_receive_maximum_after_resume(net):
+    sub = c5(net)
+    sub.connect5("s", clean=False, session_expiry_interval=600)
+    sub.sub5(Subscription("t", 1))
+    sub.drop()
+    pub = net.client()
+    pub.connect("p")
+    for i in range(4):
+        pub.send(Publish("t", b"%d" % i, 1, packet_id=i + 1))
+    again = c5(net)
+    assert again.connect5("s", clean=False, receive_maximum=1).session_present
+    assert [p.payload for p in publishes(again.take())] == [b"0"]
