@@ -414,7 +414,7 @@ class Delivery:
 
     def deliver(self, client_id: str, topic: str, payload: bytes, qos: int = 1, tag: Hashable = None,
                 *, require_subscription: bool = True, covering: Iterable[str] | None = None,
-                dup: bool = False) -> DeliverStatus:
+                dup: bool = False, props: MsgProps | None = None) -> DeliverStatus:
         """Send one message to one connected client through its session (the fanout delivery path).
 
         QoS 1/2 messages get a packet id and count against the inflight window (queued when full);
@@ -434,6 +434,8 @@ class Delivery:
                 the delivery filter); if one is still subscribed with a granted QoS >= ``qos``, the scan
                 of every filter (``topic_matches`` per filter, the costliest step of a delivery) is skipped.
             dup: DUP=1 on the first PUBLISH (QoS >= 1): the caller knows it may be a redelivery.
+            props: MQTT 5 properties to send with it (:func:`fanout.mqtt.message5.message_props`; an
+                expired message is not sent, and an MQTT 5 client gets the remaining interval).
 
         Returns:
             A :class:`DeliverStatus`.
@@ -464,7 +466,7 @@ class Delivery:
             if granted < qos:
                 qos = granted
         if qos == 0:
-            data = self._publish(s.conn, OutMsg(topic, payload, 0), 0, False)
+            data = self._publish(s.conn, OutMsg(topic, payload, 0, False, None, False, props), 0, False)
             if data is None:
                 return DeliverStatus.DROPPED
             self._write(s.conn, data)
@@ -472,7 +474,7 @@ class Delivery:
             if tag is not None:
                 self._emit(Delivered(client_id, tag, 0))
             return _SENT
-        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup))
+        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup, props))
 
     def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
         """Publish to local subscribers only (a message forwarded from another node).

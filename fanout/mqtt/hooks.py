@@ -142,6 +142,9 @@ class IngestTicket:
     ``broker.complete_publish(t.client_id, t.packet_id, t.generation)`` once the write is durable
     (sends PUBACK for QoS 1, PUBREC for QoS 2, nothing for QoS 0), or
     ``broker.reject_publish(t.client_id, t.packet_id, error, t.generation)``.
+
+    ``properties``: the MQTT 5 properties of the PUBLISH (``fanout.mqtt.properties.Properties``: Message
+    Expiry Interval, User Properties, Content Type, ...), None from a 3.1.1 client.
     """
 
     client_id: str
@@ -152,6 +155,7 @@ class IngestTicket:
     qos: int
     retain: bool
     dup: bool
+    properties: Any = None
 
 
 @dataclass(frozen=True, slots=True)

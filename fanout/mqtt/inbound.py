@@ -150,7 +150,9 @@ class Inbound:
                 self._write(conn, encode_pubrec(pid))  # already stored, awaiting PUBREL
                 return
             pending[pid] = p.qos
-        self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup))  # type: ignore[arg-type]
+        props = getattr(p, "properties", None)  # MQTT 5 (Publish5); a 3.1.1 Publish has none
+        self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
+                                props))
 
     def _ingest_conn(self, client_id: str, generation: int | None) -> Connection | None:
         s = self._st.sessions.get(client_id)

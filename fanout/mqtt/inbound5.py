@@ -119,8 +119,9 @@ class Inbound5:
             return
         if st.hooked:
             if st.ingest_prefix is not None and topic.startswith(st.ingest_prefix):
-                if topic is not p.topic:
-                    p = Publish5(topic, p.payload, qos, p.retain, p.dup, p.packet_id)
+                if topic is not p.topic or props.topic_alias is not None:  # the ticket names the topic itself
+                    p = Publish5(topic, p.payload, qos, p.retain, p.dup, p.packet_id,
+                                 props.replace(topic_alias=None) if props is not EMPTY_PROPERTIES else props)
                 self._inbound.ingest(conn, p)
                 return
             if st.heartbeat_prefix is not None and topic.startswith(st.heartbeat_prefix):

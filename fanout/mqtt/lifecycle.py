@@ -110,7 +110,8 @@ class Lifecycle:
         v5 = p.__class__ is Connect5
         if v5:
             expiry, _ = session_expiry_s(p, self._session_expiry)  # type: ignore[arg-type]
-            conn.v5 = Link5(p.properties, st.settings.topic_alias_maximum, expiry)  # type: ignore[union-attr]
+            conn.v5 = Link5(p.properties, st.settings.topic_alias_maximum, expiry,  # type: ignore[union-attr]
+                            st.settings.send_topic_aliases)
             if p.properties.authentication_method is not None:  # type: ignore[union-attr]
                 self.refuse(conn, CONNACK_NOT_AUTHORIZED, "extended authentication is not offered",
                             rc5=RC.BAD_AUTHENTICATION_METHOD)

@@ -10,7 +10,9 @@ MQTT 5 rule that depends on the connection reads it:
 - the client's Maximum Packet Size: nothing bigger is sent to it (a PUBLISH is discarded,
   MQTT-3.1.2-24/25; reason strings are left out of acknowledgements, :func:`encode_within`);
 - the broker's Topic Alias Maximum (``mqtt.topic_alias_maximum``) bounds the aliases the client may set,
-  held in ``aliases`` for the life of the connection (MQTT-3.3.2-7, -8, -9); the broker sends none;
+  held in ``aliases`` for the life of the connection (MQTT-3.3.2-7, -8, -9); the client's bounds the
+  aliases the broker gives the topics it sends (``out_aliases``, first come first served, when
+  ``mqtt.send_topic_aliases``; MQTT-3.3.2-11);
 - Session Expiry Interval, capped by ``mqtt.session_expiry`` (the CONNACK says so when it is lower,
   3.2.2.3.2); Server Keep Alive when ``mqtt.max_keepalive`` is lower than the client's (3.2.2.3.14);
 - Request Problem Information 0: no Reason String or User Property on anything but PUBLISH, CONNACK
@@ -51,12 +53,17 @@ class Link5:
         problem_info: the client's Request Problem Information (reason strings on acks when 1).
         session_expiry_s: the Session Expiry Interval in force (seconds).
         disconnected: the client sent DISCONNECT (no server DISCONNECT follows).
+        out_alias_maximum: aliases the broker may give topics it sends (the client's Topic Alias Maximum,
+            0 when it announced none or ``mqtt.send_topic_aliases`` is off).
+        out_aliases: topic -> alias the broker gave it on this connection (MQTT-3.3.2-11: up to the
+            client's maximum; aliases are not reused for another topic).
     """
 
     __slots__ = ("receive_maximum", "maximum_packet_size", "topic_alias_maximum", "aliases", "problem_info",
-                 "session_expiry_s", "disconnected")
+                 "session_expiry_s", "disconnected", "out_alias_maximum", "out_aliases")
 
-    def __init__(self, props: Properties, topic_alias_maximum: int, session_expiry_s: int) -> None:
+    def __init__(self, props: Properties, topic_alias_maximum: int, session_expiry_s: int,
+                 send_aliases: bool = False) -> None:
         self.receive_maximum = props.receive_maximum or 0xFFFF
         self.maximum_packet_size = props.maximum_packet_size
         self.topic_alias_maximum = topic_alias_maximum
@@ -64,6 +71,8 @@ class Link5:
         self.problem_info = 1 if props.request_problem_information is None else props.request_problem_information
         self.session_expiry_s = session_expiry_s
         self.disconnected = False
+        self.out_alias_maximum = (props.topic_alias_maximum or 0) if send_aliases else 0
+        self.out_aliases: dict[str | bytes, int] = {}
 
 
 def session_expiry_s(p: Connect5, cap_ms: int) -> tuple[int, bool]:

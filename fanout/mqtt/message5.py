@@ -11,6 +11,10 @@ Strategy: a PUBLISH's properties split in three (3.3.2.3):
 - what belongs to one hop only: the Topic Alias (resolved on receipt) and the Subscription Identifiers
   (added per receiver from its matching subscriptions, MQTT-3.3.4-3).
 
+Topic aliases to an MQTT 5 receiver that announced a Topic Alias Maximum: the first PUBLISH of a topic
+carries the topic and a new alias, later ones the alias and an empty topic (until the receiver's maximum is
+used up, later topics go in full).
+
 An MQTT 3.1.1 receiver gets the topic and payload without properties (3.1.1 has none); the expiry still
 applies to it. A message from a 3.1.1 publisher has no properties (``None``) and reaches an MQTT 5
 receiver as a PUBLISH with an empty property block.
@@ -26,7 +30,9 @@ from typing import Any
 from .encoder import encode_publish
 from .encoder5 import encode_publish5
 from .properties import EMPTY_PROPERTIES, Properties
-from .property_block import encode_properties_body, message_expiry_property, subscription_identifier_property
+from .property_block import (
+    encode_properties_body, message_expiry_property, subscription_identifier_property, topic_alias_property,
+)
 
 
 class MsgProps:
@@ -105,10 +111,22 @@ def publish_bytes(conn: Any, topic: str | bytes, payload: bytes, qos: int, retai
         body = message_expiry_property(props.remaining_s(now_ms)) + props.body
     for sid in sub_ids:
         body += subscription_identifier_property(sid)
+    new_alias = 0
+    if link.out_alias_maximum:
+        aliases = link.out_aliases
+        alias = aliases.get(topic)
+        if alias is not None:
+            body = topic_alias_property(alias) + body
+            topic = b""  # the alias stands for it (3.3.2.3.4)
+        elif len(aliases) < link.out_alias_maximum:
+            new_alias = len(aliases) + 1
+            body = topic_alias_property(new_alias) + body  # sent with the topic: sets the alias
     data = encode_publish5(topic, payload, qos, retain, dup, packet_id, body)
     limit = link.maximum_packet_size
     if limit is not None and len(data) > limit:
         return None
+    if new_alias:
+        link.out_aliases[topic] = new_alias  # only once a PUBLISH carrying it is sent
     return data
 
 

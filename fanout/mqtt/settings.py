@@ -82,6 +82,7 @@ class MQTTSettings:
         receive_maximum: MQTT 5 CONNACK Receive Maximum: unacknowledged QoS 1/2 PUBLISHes from one client.
         topic_alias_maximum: MQTT 5 CONNACK Topic Alias Maximum: aliases one client may set (0 = none).
         max_keepalive_ms: MQTT 5 Server Keep Alive cap (0 = the client's keep alive stands).
+        send_topic_aliases: MQTT 5: alias topics in PUBLISHes to clients that announced a Topic Alias Maximum.
     """
 
     vehicle_client_id: re.Pattern[str]
@@ -121,6 +122,7 @@ class MQTTSettings:
     receive_maximum: int
     topic_alias_maximum: int
     max_keepalive_ms: int
+    send_topic_aliases: bool
 
 
 __all__ = ["MQTTSettings", "UserConfig", "AclRule", "ConfigError"]

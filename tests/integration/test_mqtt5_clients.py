@@ -342,7 +342,7 @@ const mqtt = require('mqtt');
 const port = parseInt(process.argv[2]);
 const out = {};
 const sub = mqtt.connect({host: '127.0.0.1', port, protocolVersion: 5, clientId: 'js-sub', reconnectPeriod: 0,
-                          properties: {receiveMaximum: 10, topicAliasMaximum: 0}});
+                          topicAliasMaximum: 5, properties: {receiveMaximum: 10}});
 sub.on('connect', (connack) => {
   out.connack = connack.properties || {};
   sub.subscribe({'js/#': {qos: 1}, '$share/g/js/#': {qos: 1}}, {properties: {subscriptionIdentifier: 3}}, (err, granted) => {
@@ -359,7 +359,7 @@ sub.on('connect', (connack) => {
       const p = packet.properties || {};
       (out.msgs = out.msgs || []).push({topic, payload: payload.toString(), sub_ids: p.subscriptionIdentifier,
                                         user: p.userProperties, ct: p.contentType, corr: p.correlationData && p.correlationData.toString(),
-                                        rt: p.responseTopic});
+                                        rt: p.responseTopic, alias: p.topicAlias});
       if (n === 2) { console.log(JSON.stringify(out)); clearTimeout(timer); pub.end(true); sub.end(true, () => process.exit(0)); }
     });
   });
@@ -379,7 +379,10 @@ def test_mqttjs_v5(broker, tmp_path):
     assert out["connack"]["receiveMaximum"] == broker.call(lambda: broker.broker.settings.receive_maximum)
     assert out["granted"] == [1, 1]
     msgs = sorted(out["msgs"], key=lambda m: m["topic"])
-    for m in msgs:  # the ordinary and the shared subscription each deliver one copy
+    # the ordinary and the shared subscription each deliver one copy; the second PUBLISH carries only the
+    # topic alias the first one set (the client announced topicAliasMaximum 5), and MQTT.js resolves it
+    for m in msgs:
         assert (m["topic"], m["payload"], m["ct"], m["corr"], m["rt"]) == ("js/a", "hi", "text/plain", "c1", "js/r")
         assert m["user"] == {"k": "v"}
     assert all(m["sub_ids"] in (3, [3]) for m in msgs)
+    assert [m.get("alias") for m in msgs] == [1, 1]

@@ -596,3 +596,45 @@ def test_offline_v5_session_receive_maximum_after_resume(net):
     again = c5(net)
     assert again.connect5("s", clean=False, receive_maximum=1).session_present
     assert [p.payload for p in publishes(again.take())] == [b"0"]
+
+
+def test_outbound_topic_aliases(net):
+    sub = c5(net)
+    sub.connect5("s", topic_alias_maximum=1)
+    sub.sub5(Subscription("t/+", 0))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t/a", b"1"), Publish("t/a", b"2"), Publish("t/b", b"3"), Publish("t/a", b"4"))
+    got = [(p.topic, p.properties.topic_alias, p.payload) for p in publishes(sub.take())]
+    assert got == [("t/a", 1, b"1"), ("", 1, b"2"), ("t/b", None, b"3"), ("", 1, b"4")]
+
+
+def test_no_outbound_aliases_when_off_or_not_announced():
+    net = Net(mqtt={"send_topic_aliases": False})
+    sub = c5(net)
+    sub.connect5("s", topic_alias_maximum=5)
+    sub.sub5(Subscription("t", 0))
+    plain = c5(net)
+    plain.connect5("plain")
+    plain.sub5(Subscription("t", 0))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"1"), Publish("t", b"2"))
+    for c in (sub, plain):
+        assert [(p.topic, p.properties.topic_alias) for p in publishes(c.take())] == [("t", None)] * 2
+
+
+def test_fanout_deliver_to_v5_vehicle_with_properties(net):
+    from fanout.mqtt.hooks import DeliverStatus
+    from fanout.mqtt.message5 import message_props
+
+    v = c5(net)
+    v.connect5("veh", receive_maximum=1)
+    v.sub5(Subscription("agent/veh/#", 1))
+    props = message_props(Properties(user_properties=(("trace", "t"),), message_expiry_interval=60), net.now)
+    st = net.broker.deliver("veh", "agent/veh/proxy/request/r1", b"blob", 1, tag="r1", props=props)
+    assert st is DeliverStatus.SENT
+    assert net.broker.deliver("veh", "agent/veh/proxy/request/r2", b"blob", 1, tag="r2") is DeliverStatus.QUEUED
+    net.pump()
+    (got,) = publishes(v.take())
+    assert got.properties.user_properties == (("trace", "t"),) and got.properties.message_expiry_interval == 60
