@@ -209,6 +209,10 @@ class PacketReader:
                 self._use_level(level)
         return packet
 
+    def head(self, n: int) -> bytes:
+        """The first ``n`` buffered bytes, undecoded (e.g. of a CONNECT that failed to decode)."""
+        return bytes(self._buf[:n])
+
     def hold(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer received bytes without decoding them (while the server authenticates the CONNECT)."""
         self._buf += data

@@ -38,6 +38,21 @@ from .errors import NotConnectFirst, ProtocolError
 from .packets import Connack, Connect, Packet, PacketType
 
 
+def declared_level(head: bytes) -> int:
+    """The protocol level a CONNECT's first bytes declare (``10 <length> 00 04 MQTT <level>``), 0 if unknown.
+
+    For the answer to a CONNECT that does not decode: an MQTT 5 client gets a CONNACK with a reason code
+    (MQTT 5 section 4.13), a 3.1.1 client only the close.
+    """
+    pos = 1
+    while pos < len(head) and head[pos] & 0x80 and pos < 4:
+        pos += 1
+    pos += 1
+    if head[pos:pos + 6] == b"\x00\x04MQTT" and len(head) > pos + 6:
+        return head[pos + 6]
+    return 0
+
+
 class ConnState(IntEnum):
     """Connection states; CLOSED and ERROR compare greater than the live ones."""
 
@@ -167,8 +182,9 @@ class Connection:
             raise NotConnectFirst(f"first packet is {name}, not CONNECT (MQTT-3.1.0-1)")
         try:
             packet = reader.feed_first(data)
-        except ProtocolError:
+        except ProtocolError as exc:
             self.state = ERROR
+            exc.connect_level = declared_level(reader.head(16))  # type: ignore[attr-defined]
             raise
         if packet is None:
             return []

@@ -5,13 +5,14 @@ what MQTT 5 adds:
 
 - Topic Alias: an alias over the announced Topic Alias Maximum (or 0, refused by the decoder) is
   DISCONNECT 0x94 (MQTT-3.3.2-9/10); a PUBLISH with a topic and an alias sets the alias, one with an empty
-  topic uses it, and an alias never set is a Protocol Error (MQTT-3.3.4-? / 3.3.2.3.4);
+  topic uses it, and an alias never set is a Protocol Error (3.3.2.3.4);
 - a Subscription Identifier from a client is a Protocol Error (MQTT-3.3.4-6);
 - Receive Maximum: a QoS 1/2 PUBLISH when ``mqtt.receive_maximum`` are unacknowledged (intercepted
   publishes awaiting durability, QoS 2 awaiting PUBREL) is DISCONNECT 0x93 (MQTT-3.3.4-8);
 - refusals are answered, not hidden: PUBACK/PUBREC 0x87 (Not authorized) for a topic the ACL refuses,
   0x90 (Topic Name invalid) over the topic bounds, 0x99 (Payload format invalid) for a payload declared
-  UTF-8 that is not (3.3.2.3.2); 0x10 (No matching subscribers) when nobody received it;
+  UTF-8 that is not (3.3.2.3.2); 0x10 (No matching subscribers) when nobody received it (only on a
+  broker that does not forward publishes to other nodes: there it cannot know);
 - the properties the message carries go with it (:mod:`message5`).
 
 A PUBREC with a failure code ends that QoS 2 exchange: the message leaves the window without PUBREL
@@ -134,7 +135,8 @@ class Inbound5:
                 return
         n = self._delivery.route(topic, p.payload, qos, p.retain, msg, conn.client_id)
         if qos:
-            self._ack(conn, qos, p.packet_id, 0 if n else RC.NO_MATCHING_SUBSCRIBERS)
+            # 0x10 only when this broker alone decides: forwarded to other nodes, it may have subscribers there
+            self._ack(conn, qos, p.packet_id, 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS)
 
     def on_pubrec(self, conn: Connection, p: Pubrec5) -> None:
         if p.reason_code < 0x80:

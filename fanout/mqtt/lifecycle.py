@@ -49,6 +49,7 @@ from .packets import (
     CONNACK_BAD_CREDENTIALS, CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect,
 )
 from .packets5 import Connect5, Disconnect5
+from .reason_codes import CONNACK_REASON_CODES
 from .reason_codes import ReasonCode as RC
 from .session import Session
 from .state import BrokerState
@@ -332,6 +333,10 @@ class Lifecycle:
         if isinstance(exc, UnsupportedProtocol) and not conn.connect_seen:
             self.refuse(conn, exc.return_code, str(exc))  # MQTT-3.1.2-2: CONNACK 0x01, then close
             return
+        if not conn.connect_seen and getattr(exc, "connect_level", 0) == 5:
+            # a level-5 CONNECT that does not decode: CONNACK with the reason code, then close (4.13)
+            code = exc.reason_code if exc.reason_code in CONNACK_REASON_CODES else RC.PROTOCOL_ERROR
+            self._st.write(conn, encode_connack5(False, code))
         log.warning("mqtt protocol error", client_id=conn.client_id, peer=conn.peer, reason=str(exc))
         self.close(conn, f"protocol error: {exc}", will=True, error=True, rc5=exc.reason_code)  # MQTT-4.8.0-1
 

@@ -638,3 +638,20 @@ def test_fanout_deliver_to_v5_vehicle_with_properties(net):
     net.pump()
     (got,) = publishes(v.take())
     assert got.properties.user_properties == (("trace", "t"),) and got.properties.message_expiry_interval == 60
+
+
+def test_malformed_level5_connect_gets_connack_with_reason_code(net):
+    from fanout.mqtt.codec import encode as enc
+
+    raw = bytearray(enc(Connect5("a", properties=Properties(receive_maximum=5))))
+    i = raw.index(b"\x21\x00\x05")  # Receive Maximum 5 -> 0: a protocol error (3.1.2.11.3)
+    raw[i + 2] = 0
+    c = c5(net)
+    c.send_raw(bytes(raw))
+    got = c.take()
+    assert got == [Connack5(False, RC.PROTOCOL_ERROR)] and c.closed
+    c3 = net.client()
+    raw3 = bytearray(enc(Connect("a")))
+    raw3[9] = 0x01  # reserved connect flag: malformed; a 3.1.1 client is only closed
+    c3.send_raw(bytes(raw3))
+    assert c3.take() == [] and c3.closed
