@@ -34,6 +34,7 @@ import structlog
 from .codec import encode_publish, encode_pubrel
 from .connection import Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
+from .fanout5 import fanout5
 from .message5 import MsgProps, out_publish, publish_bytes
 from .packets import Puback, Pubcomp, Pubrec
 from .session import SENT, OutMsg, Session
@@ -137,8 +138,9 @@ class Delivery:
                props: MsgProps | None = None, sender: str | None = None, published_retain: bool = False) -> None:
         """Give one message to each subscriber in ``subs`` (client id -> granted QoS).
 
-        MQTT 5 sessions (``s.opts`` not None) and messages with MQTT 5 properties take
-        :meth:`give5`; ``sender`` and ``published_retain`` serve its No Local and Retain As Published.
+        MQTT 5 sessions (``s.opts`` not None) and messages with MQTT 5 properties go to
+        :func:`~fanout.mqtt.fanout5.fanout5` after the others; ``sender`` and ``published_retain`` serve
+        No Local and Retain As Published there.
         """
         st = self._st
         sessions = st.sessions
@@ -153,12 +155,15 @@ class Delivery:
         size = len(topic) + len(payload)  # OutMsg.size
         sent = 0
         dropped = 0
+        batch5: list[tuple[Session, int]] | None = None
         for cid, granted in subs.items():
             s = sessions.get(cid)
             if s is None:
                 continue
             if s.opts is not None or props is not None:
-                self.give5(s, topic, payload, qos, granted, props, sender, published_retain)
+                if batch5 is None:
+                    batch5 = []
+                batch5.append((s, granted))  # MQTT 5 session, or a message with properties: fanout5 below
                 continue
             q = granted if granted < qos else qos
             c = s.conn
@@ -216,6 +221,8 @@ class Delivery:
             st.pub_sent += sent
         if dropped:
             st.pub_dropped += dropped
+        if batch5 is not None:
+            fanout5(self, topic, payload, qos, batch5, props, sender, published_retain)
 
     def give5(self, s: Session, topic: str, payload: bytes, qos: int, granted: int, props: MsgProps | None,
               sender: str | None, published_retain: bool, sub_ids: tuple[int, ...] | None = None) -> bool:

@@ -655,3 +655,26 @@ def test_malformed_level5_connect_gets_connack_with_reason_code(net):
     raw3[9] = 0x01  # reserved connect flag: malformed; a 3.1.1 client is only closed
     c3.send_raw(bytes(raw3))
     assert c3.take() == [] and c3.closed
+
+
+def test_batch_path_bytes_equal_the_one_by_one_encoding(net):
+    """Many MQTT 5 and 3.1.1 recipients of one message with properties: each PUBLISH decodes to the same
+    message (the batch path splits one encoding around the packet id)."""
+    big = "x" * 300  # a property block over 127 bytes: a two-byte Property Length
+    v5s = [c5(net) for _ in range(3)]
+    for i, c in enumerate(v5s):
+        c.connect5(f"v{i}")
+        c.sub5(Subscription("t", 1 if i else 0))
+    v3 = net.client()
+    v3.connect("v3")
+    v3.subscribe(("t", 1))
+    pub = c5(net)
+    pub.connect5("p")
+    props = Properties(content_type=big, user_properties=(("a", "b"),), message_expiry_interval=30)
+    pub.send(Publish5("t", b"payload", 1, packet_id=1, properties=props))
+    for i, c in enumerate(v5s):
+        (m,) = publishes(c.take())
+        assert (m.payload, m.qos, m.properties.content_type, m.properties.message_expiry_interval) == (
+            b"payload", 1 if i else 0, big, 30)
+    (m,) = publishes(v3.take())
+    assert (m.payload, m.qos) == (b"payload", 1)
