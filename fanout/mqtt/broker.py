@@ -144,7 +144,7 @@ class Broker:
         subscriptions = Subscriptions(st, delivery)
         st.shared = SharedSubscriptions(st.sessions, delivery.give5)
         inbound5 = Inbound5(st, delivery, lifecycle, inbound)
-        subscriptions5 = Subscriptions5(st, delivery)
+        subscriptions5 = Subscriptions5(st, delivery, subscriptions)
         self.deliver = delivery.deliver
         self.publish_local = delivery.publish_local
         self.complete_publish = inbound.complete_publish

@@ -85,51 +85,41 @@ def fanout5(d: Any, topic: str, payload: bytes, qos: int, recipients: list[tuple
         if not q and c.write_paused:
             st.pub_dropped += 1
             continue
+        limit = link.maximum_packet_size if link is not None else None
         if single and q:  # one recipient: encode once with its packet id, nothing to share
             pid = s.alloc_pid()
-            if link is None:
-                data = encode_publish(tb, payload, q, False, False, pid)
+            data = (encode_publish(tb, payload, q, False, False, pid) if link is None
+                    else encode_publish5(tb, payload, q, False, False, pid, _body(props, now)))
+            if limit is not None and len(data) > limit:
+                st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
+                continue
+            chunks: tuple[bytes, ...] = (data,)
+        else:
+            key = (q, link is not None)
+            p = parts.get(key)
+            if p is None:
+                p = parts[key] = _parts(tb, payload, q, link is not None, props, now)
+            if limit is not None and p[2] > limit:
+                st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
+                continue
+            if not q:
+                chunks = (p[0],)
             else:
-                data = encode_publish5(tb, payload, q, False, False, pid, _body(props, now))
-                if link.maximum_packet_size is not None and len(data) > link.maximum_packet_size:
-                    st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
-                    continue
+                pid = s.last_pid + 1
+                if pid > 0xFFFF or pid in s.inflight:
+                    pid = s.alloc_pid()
+                else:
+                    s.last_pid = pid
+                chunks = (p[0], _U16(pid), p[1])
+        if q:
             s.inflight[pid] = OutMsg(topic, payload, q, False, None, False, props)
             s.bytes += size
-            out = c.out
-            if not out:
-                if not dirty:
-                    st.wake()
-                dirty.append(c)
-            out.append(data)
-            sent += 1
-            continue
-        key = (q, link is not None)
-        p = parts.get(key)
-        if p is None:
-            p = parts[key] = _parts(tb, payload, q, link is not None, props, now)
-        if link is not None and link.maximum_packet_size is not None and p[2] > link.maximum_packet_size:
-            st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
-            continue
         out = c.out
         if not out:
             if not dirty:
                 st.wake()
             dirty.append(c)
-        if q:
-            inflight = s.inflight
-            pid = s.last_pid + 1
-            if pid > 0xFFFF or pid in inflight:
-                pid = s.alloc_pid()
-            else:
-                s.last_pid = pid
-            inflight[pid] = OutMsg(topic, payload, q, False, None, False, props)
-            s.bytes += size
-            out.append(p[0])
-            out.append(_U16(pid))
-            out.append(p[1])
-        else:
-            out.append(p[0])
+        out.extend(chunks)
         sent += 1
     if sent:
         st.msgs_sent += sent

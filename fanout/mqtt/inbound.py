@@ -57,7 +57,7 @@ class Inbound:
         st = self._st
         st.pub_received += 1
         topic = p.topic
-        cache = conn.acl_cache
+        cache = conn.acl_cache  # acl_allows inlined: the per-message path
         if cache is None:
             cache = conn.acl_cache = {}
         allowed = cache.get(topic)

@@ -31,48 +31,36 @@ from .session import Session
 from .shared import parse_shared
 from .state import BrokerState
 from .subopts import SubOpts
-from .topics import InvalidTopic, over_limits, validate_topic_filter
+from .subscriptions import Subscriptions
 
 log = structlog.get_logger(__name__)
 
 
-class Subscriptions5:
-    """MQTT 5 subscription changes over one :class:`BrokerState`; ``delivery`` replays retained messages."""
+# Subscriptions.refusal's answer -> SUBACK reason code
+_CODES = {"invalid": RC.TOPIC_FILTER_INVALID, "not_authorised": RC.NOT_AUTHORIZED, "quota": RC.QUOTA_EXCEEDED}
 
-    def __init__(self, state: BrokerState, delivery: Delivery) -> None:
+
+class Subscriptions5:
+    """MQTT 5 subscription changes over one :class:`BrokerState`; ``delivery`` replays retained messages,
+    ``v3`` (the 3.1.1 :class:`Subscriptions`) checks filters against the ACL and the bounds."""
+
+    def __init__(self, state: BrokerState, delivery: Delivery, v3: Subscriptions) -> None:
         self._st = state
         self._delivery = delivery
-        s = state.settings
-        self._max_levels = s.max_topic_levels
-        self._max_length = s.max_topic_length_bytes
-        self._max_subs = s.max_subscriptions_per_client
+        self._v3 = v3  # the checks and bounds, shared with 3.1.1
 
     def _refusal(self, conn: Connection, s: Session, topic_filter: str) -> tuple[int, str | None]:
-        """(reason code, inner filter of a shared subscription) for ``topic_filter``; code < 0x80 = grant."""
-        st = self._st
+        """(reason code, inner filter of a shared subscription) for ``topic_filter``; code 0 = grant."""
         try:
             shared = parse_shared(topic_filter)
         except ValueError as exc:
             log.info("mqtt subscribe refused", client_id=s.client_id, topic_filter=topic_filter, reason=str(exc))
             return RC.TOPIC_FILTER_INVALID, None
-        inner = shared[1] if shared is not None else topic_filter
-        over = over_limits(topic_filter, self._max_levels, self._max_length)
-        if over is not None:
-            st.caps.hit(over, client_id=s.client_id, peer=conn.peer, length=len(topic_filter),
-                        levels=topic_filter.count("/") + 1)
-            return RC.TOPIC_FILTER_INVALID, None
-        try:
-            validate_topic_filter(inner)
-        except InvalidTopic as exc:
-            log.info("mqtt subscribe refused", client_id=s.client_id, topic_filter=topic_filter, reason=str(exc))
-            return RC.TOPIC_FILTER_INVALID, None
-        if not st.acl.can_subscribe(conn.principal, inner):
-            log.info("mqtt subscribe refused", client_id=s.client_id, topic_filter=topic_filter, reason="not authorised")
-            return RC.NOT_AUTHORIZED, None
-        if topic_filter not in s.subs and len(s.subs) >= self._max_subs:
-            st.caps.hit("subscriptions", client_id=s.client_id, peer=conn.peer, subscriptions=len(s.subs))
-            return RC.QUOTA_EXCEEDED, None
-        return 0, inner if shared is not None else None
+        inner = shared[1] if shared is not None else None
+        why = self._v3.refusal(conn, s, topic_filter, inner)
+        if why is not None:
+            return _CODES[why], None
+        return 0, inner
 
     def on_subscribe(self, conn: Connection, p: Subscribe5) -> None:
         st = self._st
