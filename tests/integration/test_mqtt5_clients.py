@@ -21,7 +21,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tests.integration.conftest import HOST, TIMEOUT, wait_for
+from tests.integration.conftest import HOST, TIMEOUT, PahoClient, wait_for
 
 NODE_PATH = "/usr/share/nodejs"
 needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto-clients not installed (make mosquitto)")
@@ -29,10 +29,11 @@ needs_node = pytest.mark.skipif(shutil.which("node") is None or not Path(NODE_PA
                                 reason="nodejs + node-mqtt not installed (make nodemqtt)")
 
 
-class Paho5:
-    """A paho-mqtt 2.x client speaking MQTT 5, recording what it receives."""
+class Paho5(PahoClient):
+    """A paho-mqtt 2.x client speaking MQTT 5, recording what it receives (``get``, ``expect_nothing`` and
+    ``close`` are the 3.1.1 client's; paho takes no clean-session flag for MQTT 5, hence its own set-up)."""
 
-    def __init__(self, client_id: str | None = None) -> None:
+    def __init__(self, client_id: str | None = None) -> None:  # noqa: D107 - PahoClient.__init__ not called
         self.client_id = client_id if client_id is not None else f"p5-{uuid.uuid4().hex[:8]}"
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
         self.client.reconnect_delay_set(10, 20)
@@ -77,20 +78,6 @@ class Paho5:
             mid, rc = self.pubacks.get(timeout=TIMEOUT)
             if mid == info.mid:
                 return rc
-
-    def get(self, timeout: float = TIMEOUT) -> mqtt.MQTTMessage:
-        return self.messages.get(timeout=timeout)
-
-    def expect_nothing(self, wait: float = 0.3) -> None:
-        with contextlib.suppress(queue.Empty):
-            msg = self.messages.get(timeout=wait)
-            raise AssertionError(f"unexpected message on {msg.topic}: {msg.payload!r}")
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.client.disconnect()
-        with contextlib.suppress(Exception):
-            self.client.loop_stop()
 
 
 @pytest.fixture
