@@ -1,4 +1,4 @@
-"""The MQTT 3.1.1 broker core: events in, ``(connection, bytes)`` pairs out; never touches a socket.
+"""The MQTT 3.1.1 and 5.0 broker core: events in, ``(connection, bytes)`` pairs out; never touches a socket.
 
 Strategy: an I/O adapter (:mod:`fanout.mqtt.aio`, or a test) reports what happened -
 :meth:`Broker.connection_made`, :meth:`Broker.data_received`, :meth:`Broker.connection_lost`,
@@ -13,7 +13,12 @@ CONNECT, takeover, closes, session registry and deadlines in :mod:`lifecycle`; r
 delivery and the clients' acks in :mod:`delivery`; client PUBLISH and ingest interception in
 :mod:`inbound`; SUBSCRIBE/UNSUBSCRIBE in :mod:`subscriptions`. Per-client state in :mod:`session`;
 packet order in :mod:`connection`; retained messages in :mod:`retained`; ``$SYS`` in :mod:`sys_stats`;
-the event types in :mod:`hooks`; the settings in :mod:`settings`.
+the event types in :mod:`hooks`; the settings in :mod:`settings`. MQTT 5: a level-5 CONNECT switches the
+connection's reader to the MQTT 5 packet classes, dispatched here to :mod:`inbound5` (PUBLISH, topic
+aliases, reason codes), :mod:`subscriptions5` (options, identifiers, ``$share``), :mod:`lifecycle`
+(CONNACK properties from :mod:`link5`, DISCONNECT codes, will delay in :mod:`wills`, session expiry in
+:mod:`expiry`); what a message carries is in :mod:`message5`, its MQTT 5 recipients are served by
+:mod:`fanout5`, shared subscriptions live in :mod:`shared`.
 
 Decisions (see also docs/mqtt.md):
 

@@ -36,6 +36,9 @@ from typing import Any
 from .codec import PacketReader, encode
 from .errors import NotConnectFirst, ProtocolError
 from .packets import Connack, Connect, Packet, PacketType
+from .packets5 import Connack5, Connect5
+
+_CONNECTS = (Connect, Connect5)
 
 
 def declared_level(head: bytes) -> int:
@@ -164,7 +167,7 @@ class Connection:
             raise
         if self.connect_seen:
             for p in packets:
-                if p.__class__ is Connect:
+                if p.__class__ in _CONNECTS:
                     self._check_order(packets)  # raises
         elif packets:
             self._check_order(packets)
@@ -198,7 +201,7 @@ class Connection:
 
     def _check_order(self, packets: list[Packet]) -> None:
         for i, p in enumerate(packets):
-            if p.__class__ is Connect:
+            if p.__class__ in _CONNECTS:
                 if self.connect_seen:
                     self._violation(packets, i, "second CONNECT on one connection (MQTT-3.1.0-2)")
                 self.connect_seen = True
@@ -228,10 +231,11 @@ class Connection:
         """
         if self.state >= CLOSED:
             raise ProtocolError(f"cannot send {type(packet).__name__} on a {self.state.name} connection")
-        if packet.__class__ is Connack:
+        if packet.__class__ is Connack or packet.__class__ is Connack5:
             if self.state is not CONNECTING:
                 raise ProtocolError("CONNACK sent twice")
-            if packet.return_code == 0:  # type: ignore[union-attr]
+            code = packet.return_code if packet.__class__ is Connack else packet.reason_code  # type: ignore[union-attr]
+            if code == 0:
                 self.accepted()
             else:
                 self.state = CLOSED
