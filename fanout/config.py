@@ -154,7 +154,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "receive_maximum": Field("receive_maximum", 1024, _int(1, 65535), "MQTT 5: unacknowledged QoS 1/2 PUBLISHes a client may send (CONNACK Receive Maximum); more gets DISCONNECT 0x93"),
         "topic_alias_maximum": Field("topic_alias_maximum", 64, _int(0, 65535), "MQTT 5: topic aliases a client may set per connection (CONNACK Topic Alias Maximum; 0 = none)"),
         "send_topic_aliases": Field("send_topic_aliases", True, _bool, "MQTT 5: give topics aliases in PUBLISHes to a client that announced a Topic Alias Maximum (the first PUBLISH of a topic carries it, later ones only the alias)"),
-        "max_keepalive": Field("max_keepalive_ms", "0s", _duration(0), "MQTT 5: the longest keep alive a client gets; a longer (or zero) one is replaced by this in CONNACK Server Keep Alive (0 = no cap)"),
+        "max_keepalive": Field("max_keepalive_ms", "60s", _duration(0), "MQTT 5: the longest keep alive a client gets; a longer (or zero) one is replaced by this in CONNACK Server Keep Alive (0 = no cap; 3.1.1 clients keep theirs)"),
     },
     "fanout": {
         "topic_prefix": Field("topic_prefix", "agent/{VIN}/proxy/request", _topic_prefix, "delivery topic is <prefix>/<request_id>"),

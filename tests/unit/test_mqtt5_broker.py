@@ -79,6 +79,16 @@ def test_level4_connect_is_unchanged(net):
     assert c.conn.v5 is None
 
 
+def test_server_keep_alive_default_cap_is_60s(net):
+    c = c5(net)
+    assert c.connect5("k", keepalive=120).properties.server_keep_alive == 60
+    d = c5(net)
+    assert d.connect5("d", keepalive=30).properties.server_keep_alive is None
+    v3 = net.client()
+    v3.connect("v3", keepalive=120)
+    assert v3.conn.keepalive_ms == 180_000  # 3.1.1 cannot be told: its own keep alive stands
+
+
 def test_assigned_client_identifier_and_server_keep_alive():
     net = Net(mqtt={"max_keepalive": "30s"})
     c = c5(net)
@@ -239,7 +249,7 @@ def test_suback_and_unsuback_reason_codes():
     c = c5(net)
     c.connect5("s")
     assert c.sub5(Subscription("test/nosubscribe", 1), Subscription("a/+", 2), Subscription("a/#/b", 0)) == (
-        RC.NOT_AUTHORIZED, 2, RC.TOPIC_FILTER_INVALID)
+        RC.UNSPECIFIED_ERROR, 2, RC.TOPIC_FILTER_INVALID)
     c.send(Unsubscribe5(2, ("a/+", "never")))
     assert c.take() == [Unsuback5(2, (0, RC.NO_SUBSCRIPTION_EXISTED))]
 
