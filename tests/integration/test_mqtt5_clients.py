@@ -373,3 +373,44 @@ def test_mqttjs_v5(broker, tmp_path):
         assert m["user"] == {"k": "v"}
     assert all(m["sub_ids"] in (3, [3]) for m in msgs)
     assert [m.get("alias") for m in msgs] == [1, 1]
+
+
+def connect_props(**values: Any) -> Properties:
+    props = Properties(PacketTypes.CONNECT)
+    for k, v in values.items():
+        setattr(props, k, v)
+    return props
+
+
+def test_paho5_session_expiry_set_on_disconnect(broker, paho5):
+    c = paho5("exp2")
+    c.connect(broker.port, properties=connect_props(SessionExpiryInterval=1))
+    c.subscribe(("se/t", opts(1)))
+    disc = Properties(PacketTypes.DISCONNECT)
+    disc.SessionExpiryInterval = 5
+    c.client.disconnect(properties=disc)
+    c.client.loop_stop()
+    time.sleep(1.5)  # past the CONNECT's 1 s, within the DISCONNECT's 5 s
+    again = paho5("exp2")
+    present, _ = again.connect(broker.port, clean_start=False, properties=connect_props(SessionExpiryInterval=1))
+    assert present
+    disc.SessionExpiryInterval = 0
+    again.client.disconnect(properties=disc)
+    again.client.loop_stop()
+    wait_for(lambda: broker.call(lambda: broker.broker.session_of("exp2") is None), what="session ended")
+
+
+def test_paho5_will_delay_and_session_end(broker, paho5):
+    watcher = paho5()
+    watcher.connect(broker.port)
+    watcher.subscribe(("wd/#", opts(1)))
+    for delay, expiry, lo, hi in ((2, 10, 1.5, 3.5), (10, 1, 0.5, 2.5)):  # the delay, or the session end first
+        w = paho5()
+        will_props = Properties(PacketTypes.WILLMESSAGE)
+        will_props.WillDelayInterval = delay
+        w.client.will_set(f"wd/{delay}", b"late", 1, properties=will_props)
+        w.connect(broker.port, properties=connect_props(SessionExpiryInterval=expiry))
+        t0 = time.monotonic()
+        broker.call(lambda cid=w.client_id: broker.broker.session_of(cid).conn.transport.abort())
+        got = watcher.get(timeout=hi + 2)
+        assert got.topic == f"wd/{delay}" and lo <= time.monotonic() - t0 <= hi
