@@ -27,7 +27,7 @@ Strategy: this is the per-message hot path, written for CPython speed:
 from __future__ import annotations
 
 import struct
-from typing import Hashable, Iterable
+from typing import Any, Hashable, Iterable
 
 import structlog
 
@@ -35,7 +35,7 @@ from .codec import encode_publish, encode_pubrel
 from .connection import Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
 from .fanout5 import fanout5
-from .message5 import MsgProps, out_publish, publish_bytes
+from .message5 import MsgProps, message_props, out_publish, publish_bytes
 from .packets import Puback, Pubcomp, Pubrec
 from .session import SENT, OutMsg, Session
 from .state import BrokerState
@@ -226,17 +226,10 @@ class Delivery:
 
     def give5(self, s: Session, topic: str, payload: bytes, qos: int, granted: int, props: MsgProps | None,
               sender: str | None, published_retain: bool, sub_ids: tuple[int, ...] | None = None) -> bool:
-        """Give one message to one session the MQTT 5 way: not when expired; the options of the session's
-        matching subscriptions decide No Local (MQTT-3.8.3-3), the RETAIN flag (Retain As Published,
-        MQTT-3.3.1-12/13) and the Subscription Identifiers sent (MQTT-3.3.4-3); QoS is min(publish,
-        granted) over the subscriptions left.
-
-        Args:
-            granted: the best granted QoS the trie found (used when no subscription has options).
-            sub_ids: the identifiers to send when the caller decided them (a shared subscription).
-
-        Returns:
-            True when the message was given (sent or queued).
+        """Give one message to one session the MQTT 5 way (not when expired; its subscriptions' options
+        decide QoS, RETAIN and Subscription Identifiers, :func:`~fanout.mqtt.subopts.apply_options`).
+        ``granted``: the trie's QoS (used when no subscription has options); ``sub_ids``: identifiers the
+        caller decided (a shared subscription). Returns True when the message was sent or queued.
         """
         st = self._st
         if props is not None and props.expires_ms is not None and st.now >= props.expires_ms:
@@ -483,16 +476,21 @@ class Delivery:
             return _SENT
         return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup, props))
 
-    def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
+    def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                      properties: Any = None) -> int:
         """Publish to local subscribers only (a message forwarded from another node).
 
         No ACL check, no hooks, no :class:`LocalPublish` event (so nothing is forwarded back). A
         retained message is stored (mirrored) here too.
 
+        ``properties``: the MQTT 5 properties it carries (``LocalPublish.properties`` of the other node),
+        the Message Expiry Interval counted from now.
+
         Returns:
             The number of local sessions the message was given to.
         """
-        return self.route(topic, payload, qos, retain)
+        props = message_props(properties, self._st.now) if properties is not None else None
+        return self.route(topic, payload, qos, retain, props)
 
 
 __all__ = ["Delivery", "MATCH_CACHE_SIZE"]

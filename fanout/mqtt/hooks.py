@@ -162,7 +162,9 @@ class IngestTicket:
 class LocalPublish:
     """A PUBLISH accepted from a local client (or a will), for forwarding to other nodes.
 
-    Only emitted when :attr:`BrokerHooks.forward_publishes` is True.
+    Only emitted when :attr:`BrokerHooks.forward_publishes` is True. ``properties``: the MQTT 5 properties
+    to forward with it (``fanout.mqtt.properties.Properties``, Message Expiry Interval as received, no Topic
+    Alias), None for a 3.1.1 publish; pass them to the other node's ``publish_local(..., properties=...)``.
     """
 
     client_id: str | None
@@ -170,6 +172,7 @@ class LocalPublish:
     payload: bytes
     qos: int
     retain: bool
+    properties: Any = None
 
 
 Event = Any  # one of the dataclasses above

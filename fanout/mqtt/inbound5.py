@@ -29,7 +29,7 @@ from .errors import ProtocolError
 from .hooks import Heartbeat, LocalPublish
 from .inbound import Inbound
 from .lifecycle import Lifecycle
-from .message5 import message_props
+from .message5 import forwarded_properties, message_props
 from .packets5 import Publish5, Pubrec5
 from .properties import EMPTY_PROPERTIES
 from .reason_codes import ReasonCode as RC
@@ -128,7 +128,8 @@ class Inbound5:
             if st.heartbeat_prefix is not None and topic.startswith(st.heartbeat_prefix):
                 st.emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if st.forward:
-                st.emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain))
+                st.emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain,
+                                     forwarded_properties(props) if msg is not None else None))
         if qos == 2:
             if not s.qos2_received(p.packet_id):
                 self._ack(conn, 2, p.packet_id, 0)  # a DUP resend: routed the first time

@@ -85,6 +85,14 @@ def message_props(props: Properties, now_ms: int) -> MsgProps | None:
     return MsgProps(kept, None if expiry is None else now_ms + expiry * 1000)
 
 
+def forwarded_properties(props: Properties) -> Properties:
+    """``props`` of a received PUBLISH without what belongs to its hop (Topic Alias, Subscription
+    Identifiers), for another node's ``publish_local``."""
+    if props.topic_alias is None and not props.subscription_identifiers:
+        return props
+    return props.replace(topic_alias=None, subscription_identifiers=())
+
+
 def publish_bytes(conn: Any, topic: str | bytes, payload: bytes, qos: int, retain: bool, dup: bool,
                   packet_id: int | None, props: MsgProps | None, sub_ids: tuple[int, ...], now_ms: int
                   ) -> bytes | None:
@@ -144,4 +152,4 @@ def out_publish(st: Any, conn: Any, m: Any, packet_id: int, dup: bool, resend: b
     return data
 
 
-__all__ = ["MsgProps", "message_props", "publish_bytes", "out_publish"]
+__all__ = ["MsgProps", "message_props", "forwarded_properties", "publish_bytes", "out_publish"]

@@ -688,3 +688,24 @@ def test_batch_path_bytes_equal_the_one_by_one_encoding(net):
             b"payload", 1 if i else 0, big, 30)
     (m,) = publishes(v3.take())
     assert (m.payload, m.qos) == (b"payload", 1)
+
+
+def test_local_publish_carries_properties_to_another_nodes_publish_local():
+    from fanout.mqtt.hooks import LocalPublish, RecordingHooks
+
+    hooks = RecordingHooks(forward_publishes=True)
+    a = Net(hooks=hooks)
+    pub = c5(a)
+    pub.connect5("p")
+    pub.send(Publish5("x/t", b"1", 0, properties=Properties(topic_alias=1, user_properties=(("k", "v"),),
+                                                            message_expiry_interval=30)))
+    (e,) = hooks.take(LocalPublish)
+    assert e.properties.topic_alias is None and e.properties.user_properties == (("k", "v"),)
+    b = Net()  # the other node
+    sub = c5(b)
+    sub.connect5("s")
+    sub.sub5(Subscription("x/#", 0))
+    assert b.broker.publish_local(e.topic, e.payload, e.qos, e.retain, properties=e.properties) == 1
+    b.pump()
+    (got,) = publishes(sub.take())
+    assert got.properties.user_properties == (("k", "v"),) and got.properties.message_expiry_interval == 30
