@@ -6,7 +6,7 @@ import pytest
 from fanout.config import AclRule
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.connection import CONNECTED
-from fanout.mqtt.packets import Connack, Connect, Publish, Subscribe, Pingreq, Pingresp
+from fanout.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Publish, Subscribe
 from fanout.mqtt.packets5 import (
     Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5, Subscribe5,
     Subscription, Unsuback5, Unsubscribe5, Will5,
@@ -513,7 +513,6 @@ def test_level5_connect_byte_at_a_time(net):
     got = c.take()
     assert isinstance(got[0], Connack5) and got[0].reason_code == 0
     assert net.broker.session_of("slow").inflight_cap == 5
-    _ = Connect  # the 3.1.1 class stays importable beside the 5 one
 
 
 # -- ingest, limits, $SYS, retained properties -------------------------------------------------------
@@ -651,9 +650,7 @@ def test_fanout_deliver_to_v5_vehicle_with_properties(net):
 
 
 def test_malformed_level5_connect_gets_connack_with_reason_code(net):
-    from fanout.mqtt.codec import encode as enc
-
-    raw = bytearray(enc(Connect5("a", properties=Properties(receive_maximum=5))))
+    raw = bytearray(encode(Connect5("a", properties=Properties(receive_maximum=5))))
     i = raw.index(b"\x21\x00\x05")  # Receive Maximum 5 -> 0: a protocol error (3.1.2.11.3)
     raw[i + 2] = 0
     c = c5(net)
@@ -661,7 +658,7 @@ def test_malformed_level5_connect_gets_connack_with_reason_code(net):
     got = c.take()
     assert got == [Connack5(False, RC.PROTOCOL_ERROR)] and c.closed
     c3 = net.client()
-    raw3 = bytearray(enc(Connect("a")))
+    raw3 = bytearray(encode(Connect("a")))
     raw3[9] = 0x01  # reserved connect flag: malformed; a 3.1.1 client is only closed
     c3.send_raw(bytes(raw3))
     assert c3.take() == [] and c3.closed
