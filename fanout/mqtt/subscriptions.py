@@ -49,6 +49,8 @@ class Subscriptions:
             if topic_filter not in s.subs:
                 st.subscription_count += 1
             s.subs[topic_filter] = qos
+            if s.opts:
+                s.opts.pop(topic_filter, None)  # a 3.1.1 SUBSCRIBE replaces an MQTT 5 one with its options
             codes.append(qos)
             granted.append((topic_filter, qos))
         if granted:
@@ -90,6 +92,8 @@ class Subscriptions:
         removed = []
         for topic_filter in p.topics:
             if s.subs.pop(topic_filter, None) is not None:
+                if s.opts:
+                    s.opts.pop(topic_filter, None)
                 st.trie.remove(topic_filter, s.client_id)
                 st.subscription_count -= 1
                 removed.append(topic_filter)

@@ -706,3 +706,15 @@ def test_local_publish_carries_properties_to_another_nodes_publish_local():
     b.pump()
     (got,) = publishes(sub.take())
     assert got.properties.user_properties == (("k", "v"),) and got.properties.message_expiry_interval == 30
+
+
+def test_v3_resubscribe_of_a_v5_session_drops_the_options(net):
+    c = c5(net)
+    c.connect5("mixed", clean=False, session_expiry_interval=600)
+    c.sub5(Subscription("t", 0, no_local=True))
+    c.drop()
+    v3 = net.client()
+    v3.connect("mixed", clean=False)
+    v3.subscribe(("t", 0))
+    v3.send(Publish("t", b"own"))
+    assert [p.payload for p in publishes(v3.take())] == [b"own"]  # No Local went with the MQTT 5 subscription
