@@ -35,20 +35,20 @@ from typing import Any, Callable
 
 import structlog
 
-from .codec import encode_connack, encode_connack5, encode_disconnect5
+from .codec import encode_connack, encode_connack5
 from .connection import CONNECTED, CONNECTING, Connection
 from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
 from .expiry import SessionExpiry
 from .hooks import ClientConnected, ClientDisconnected
-from .link5 import CONNACK_CODE_5, NEVER_EXPIRES, Link5, connack_properties, keepalive_s, session_expiry_s
+from .link5 import CONNACK_CODE_5, NEVER_EXPIRES, Link5, connack_properties, keepalive_s, refusal5, session_expiry_s
 from .login_guard import peer_host
 from .message5 import message_props
 from .principals import may_evict
 from .packets import (
     CONNACK_BAD_CREDENTIALS, CONNACK_ID_REJECTED, CONNACK_NOT_AUTHORIZED, CONNACK_SERVER_UNAVAILABLE, Connect,
 )
-from .packets5 import Connect5, Disconnect5
+from .packets5 import Connack5, Connect5, Disconnect5
 from .reason_codes import CONNACK_REASON_CODES
 from .reason_codes import ReasonCode as RC
 from .session import Session
@@ -276,7 +276,7 @@ class Lifecycle:
         if conn.v5 is None:
             self._st.write(conn, encode_connack(False, code))
         else:
-            self._st.write(conn, encode_connack5(False, rc5 if rc5 is not None else CONNACK_CODE_5[code]))
+            self._st.write(conn, refusal5(conn, Connack5, rc5 if rc5 is not None else CONNACK_CODE_5[code], reason))
         self.close(conn, reason, will=False)
         if logged:
             log.info("mqtt connect refused", client_id=conn.client_id, peer=conn.peer, return_code=code, reason=reason)
@@ -347,7 +347,7 @@ class Lifecycle:
         """
         if conn.close_reason is None and rc5 is not None and conn.v5 is not None and conn.session is not None \
                 and not conn.v5.disconnected:
-            self._st.write(conn, encode_disconnect5(rc5))
+            self._st.write(conn, refusal5(conn, Disconnect5, rc5, reason))
         if not conn.close(reason, error=error):
             return
         st = self._st

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from .encoder5 import encode_within
-from .packets5 import Connect5, Puback5, Pubrec5
+from .packets5 import Connack5, Connect5, Puback5, Pubrec5
 from .properties import Properties
 from .reason_codes import ReasonCode as RC
 
@@ -128,6 +128,15 @@ def connack_properties(*, settings: Any, link: Link5, assigned_id: str | None, e
     )
 
 
+def refusal5(conn: Any, cls: type, code: int, reason: str) -> bytes:
+    """A refusing CONNACK or a server DISCONNECT for an MQTT 5 client, ``reason`` as its Reason String
+    (allowed on both whatever Request Problem Information says, MQTT-3.1.2-29), left out when the packet
+    would exceed the client's Maximum Packet Size (:func:`encode_within`)."""
+    props = Properties(reason_string=reason[:500]) if reason else Properties()
+    pkt = cls(False, code, props) if cls is Connack5 else cls(code, props)
+    return encode_within(pkt, conn.v5.maximum_packet_size)
+
+
 def negative_ack5(conn: Any, qos: int, packet_id: int, error: dict[str, Any]) -> bytes:
     """The PUBACK (QoS 1) or PUBREC (QoS 2) refusing a publish of an MQTT 5 client.
 
@@ -146,4 +155,4 @@ def negative_ack5(conn: Any, qos: int, packet_id: int, error: dict[str, Any]) ->
     return encode_within(pkt, link.maximum_packet_size)
 
 
-__all__ = ["negative_ack5", "Link5", "CONNACK_CODE_5", "NEVER_EXPIRES", "session_expiry_s", "keepalive_s", "connack_properties"]
+__all__ = ["refusal5", "negative_ack5", "Link5", "CONNACK_CODE_5", "NEVER_EXPIRES", "session_expiry_s", "keepalive_s", "connack_properties"]

@@ -44,6 +44,11 @@ def c5(net: Net) -> Client5:
     return Client5(net)
 
 
+def disconnects(packets) -> list[int]:
+    """The reason codes of the DISCONNECTs among ``packets`` (they carry the reason as Reason String too)."""
+    return [p.reason_code for p in packets if isinstance(p, Disconnect5)]
+
+
 def publishes(packets) -> list:
     return [p for p in packets if isinstance(p, (Publish, Publish5))]
 
@@ -216,14 +221,14 @@ def test_topic_alias_over_maximum_is_0x94(net):
     c.connect5("p")
     c.send(Publish5("t", b"1", properties=Properties(topic_alias=net.settings.topic_alias_maximum + 1)))
     got = c.take()
-    assert got[-1] == Disconnect5(RC.TOPIC_ALIAS_INVALID) and c.closed
+    assert disconnects(got) == [RC.TOPIC_ALIAS_INVALID] and c.closed
 
 
 def test_unknown_topic_alias_is_protocol_error(net):
     c = c5(net)
     c.connect5("p")
     c.send(Publish5("", b"1", properties=Properties(topic_alias=1)))
-    assert c.take()[-1] == Disconnect5(RC.PROTOCOL_ERROR) and c.closed
+    assert disconnects(c.take()) == [RC.PROTOCOL_ERROR] and c.closed
 
 
 # -- PUBLISH / SUBSCRIBE semantics -------------------------------------------------------------------
@@ -355,21 +360,21 @@ def test_takeover_sends_0x8e(net):
     a.connect5("same")
     b = c5(net)
     b.connect5("same")
-    assert a.take() == [Disconnect5(RC.SESSION_TAKEN_OVER)] and a.closed
+    assert disconnects(a.take()) == [RC.SESSION_TAKEN_OVER] and a.closed
 
 
 def test_keepalive_timeout_sends_0x8d(net):
     a = c5(net)
     a.connect5("k", keepalive=1)
     net.advance(3_000)
-    assert a.take() == [Disconnect5(RC.KEEP_ALIVE_TIMEOUT)] and a.closed
+    assert disconnects(a.take()) == [RC.KEEP_ALIVE_TIMEOUT] and a.closed
 
 
 def test_protocol_error_sends_its_reason_code(net):
     a = c5(net)
     a.connect5("k")
     a.send(Connect5("again"))
-    assert a.take() == [Disconnect5(RC.PROTOCOL_ERROR)] and a.closed
+    assert disconnects(a.take()) == [RC.PROTOCOL_ERROR] and a.closed
 
 
 def test_shutdown_sends_0x8b(net):
@@ -377,7 +382,7 @@ def test_shutdown_sends_0x8b(net):
     a.connect5("k")
     net.broker.shutdown()
     net.pump()
-    assert a.take() == [Disconnect5(RC.SERVER_SHUTTING_DOWN)]
+    assert disconnects(a.take()) == [RC.SERVER_SHUTTING_DOWN]
 
 
 def test_disconnect_with_will_message(net):
@@ -562,7 +567,7 @@ def test_packet_too_large_from_v5_client_is_0x95():
     c = c5(net)
     c.connect5("big")
     c.send(Publish5("t", b"x" * 2000))
-    assert c.take() == [Disconnect5(RC.PACKET_TOO_LARGE)] and c.closed
+    assert disconnects(c.take()) == [RC.PACKET_TOO_LARGE] and c.closed
 
 
 def test_sys_counts_mqtt5_clients(net):
@@ -718,3 +723,22 @@ def test_v3_resubscribe_of_a_v5_session_drops_the_options(net):
     v3.subscribe(("t", 0))
     v3.send(Publish("t", b"own"))
     assert [p.payload for p in publishes(v3.take())] == [b"own"]  # No Local went with the MQTT 5 subscription
+
+
+def test_reason_strings_on_refusal_and_disconnect_within_maximum_packet_size():
+    net = Net(mqtt={"anonymous_role": "none"}, users={})
+    c = c5(net)
+    c.send(Connect5("a"))
+    (ack,) = c.take()
+    assert ack.reason_code == RC.NOT_AUTHORIZED and ack.properties.reason_string == "authentication"
+    net = Net()
+    a = c5(net)
+    a.connect5("same")
+    small = c5(net)
+    small.connect5("small", maximum_packet_size=8)
+    c5(net).connect5("same")
+    c5(net).connect5("small")
+    (d,) = a.take()
+    assert d.reason_code == RC.SESSION_TAKEN_OVER and d.properties.reason_string == "takeover"
+    (d,) = small.take()
+    assert d.reason_code == RC.SESSION_TAKEN_OVER and d.properties.reason_string is None  # would not fit in 8 bytes
