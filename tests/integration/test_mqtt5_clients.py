@@ -414,3 +414,16 @@ def test_paho5_will_delay_and_session_end(broker, paho5):
         broker.call(lambda cid=w.client_id: broker.broker.session_of(cid).conn.transport.abort())
         got = watcher.get(timeout=hi + 2)
         assert got.topic == f"wd/{delay}" and lo <= time.monotonic() - t0 <= hi
+
+
+def test_paho5_server_topic_aliases_as_the_paho_interop_suite_checks(broker, paho5):
+    """The first PUBLISH of a topic sets an alias, the next ones carry only the alias (paho passes the raw
+    topic and properties through: it does not resolve aliases itself)."""
+    c = paho5()
+    c.connect(broker.port, properties=connect_props(TopicAliasMaximum=1))
+    c.subscribe(("ta/t", opts(2)))
+    for qos in range(3):
+        c.publish("ta/t", b"aliased", qos)
+    got = [c.get() for _ in range(3)]
+    assert got[0].topic == "ta/t" and got[0].properties.TopicAlias > 0
+    assert [(m.topic, m.properties.TopicAlias) for m in got[1:]] == [("", got[0].properties.TopicAlias)] * 2
