@@ -144,12 +144,13 @@ def negative_ack5(conn: Any, qos: int, packet_id: int, error: dict[str, Any]) ->
         conn: the client's connection (its Link5 says whether a Reason String is wanted and fits).
         qos: the publish's QoS (1 or 2).
         packet_id: its packet id.
-        error: ``reason_code`` (default 0x99 Payload format invalid) and the text (``error``) sent as the
-            Reason String, left out when the client asked for no problem information (MQTT-3.1.2-29).
+        error: ``reason_code`` (default 0x99 Payload format invalid); ``error``, ``field`` and ``reason``
+            joined make the Reason String (``invalid_trigger: ids[3]: not a VIN``), left out when the client
+            asked for no problem information (MQTT-3.1.2-29).
     """
     link = conn.v5
     code = int(error.get("reason_code", RC.PAYLOAD_FORMAT_INVALID))
-    text = error.get("error")
+    text = ": ".join(str(error[k]) for k in ("error", "field", "reason") if error.get(k))
     props = Properties(reason_string=str(text)[:1000]) if text and link.problem_info else Properties()
     pkt = Puback5(packet_id, code, props) if qos == 1 else Pubrec5(packet_id, code, props)
     return encode_within(pkt, link.maximum_packet_size)

@@ -48,7 +48,8 @@ class Paho5(PahoClient):
         c.on_message = lambda cl, ud, msg: self.messages.put(msg)
         c.on_subscribe = lambda cl, ud, mid, rcs, props: self.subacks.put([r.value for r in rcs])
         c.on_unsubscribe = lambda cl, ud, mid, rcs, props: self.unsubacks.put([r.value for r in rcs])
-        c.on_publish = lambda cl, ud, mid, rc, props: self.pubacks.put((mid, rc.value))
+        c.on_publish = lambda cl, ud, mid, rc, props: self.pubacks.put((mid, rc.value, props))
+        self.last_ack_properties: Any = None  # the properties of the last PUBACK publish() waited for
         c.on_disconnect = lambda cl, ud, flags, rc, props: self.disconnects.put(rc.value)
 
     def connect(self, port: int, *, clean_start: bool = True, keepalive: int = 60, expect_rc: int = 0,
@@ -75,8 +76,9 @@ class Paho5(PahoClient):
         if qos != 1:
             return None
         while True:  # QoS 0 publishes report through on_publish too: skip to this one
-            mid, rc = self.pubacks.get(timeout=TIMEOUT)
+            mid, rc, props = self.pubacks.get(timeout=TIMEOUT)
             if mid == info.mid:
+                self.last_ack_properties = props
                 return rc
 
 

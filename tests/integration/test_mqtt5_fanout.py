@@ -61,5 +61,7 @@ def test_mqtt5_vehicles_get_deliveries_from_an_mqtt5_platform(fanout, clients):
 def test_invalid_trigger_from_mqtt5_platform_gets_negative_puback_and_connection_stays(fanout, clients):
     p = _platform(fanout, clients, "m5-platform-bad")
     assert p.publish("$SDV-FANOUT/trigger", b"this is not json", 1) == 0x99
+    reason = p.last_ack_properties.ReasonString
+    assert reason.startswith("invalid_trigger: payload"), reason  # the error code and the field
     assert p.disconnects.empty() and p.client.is_connected()
     assert p.publish("$SDV-FANOUT/data/m5-ok", b"OK", 1) == 0  # the same connection goes on

@@ -541,7 +541,7 @@ def test_v5_ingest_acked_when_durable_and_rejected_with_negative_puback():
     assert net.broker.reject_publish("plat", 12, {"error": "trigger: not JSON", "field": "ids"}, t.generation)
     net.pump()
     got = p.take()
-    assert got == [Puback5(12, RC.PAYLOAD_FORMAT_INVALID, Properties(reason_string="trigger: not JSON"))]
+    assert got == [Puback5(12, RC.PAYLOAD_FORMAT_INVALID, Properties(reason_string="trigger: not JSON: ids"))]
     assert not p.closed  # MQTT 5: the connection stays
     p.send(Publish5("$SDV-FANOUT/data/x", b"b", 1, packet_id=13))
     (t,) = hooks.take(IngestTicket)
