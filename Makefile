@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto chromium clean
+.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto nodemqtt chromium clean
 
 install: $(STAMP)
 
@@ -31,6 +31,12 @@ mosquitto:
 	@(command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto) && command -v mosquitto_sub >/dev/null || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients) >/dev/null)
 
+# MQTT.js (Debian node-mqtt, run by nodejs with NODE_PATH=/usr/share/nodejs): a third-party MQTT 5 client
+# of tests/integration/test_mqtt5_clients.py (Debian packages, installed together).
+nodemqtt:
+	@command -v node >/dev/null && test -d /usr/share/nodejs/mqtt || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs node-mqtt) >/dev/null)
+
 # The compiled MQTT load generator of the benchmarks (benchmarks/cfleet/*.c, libc only) -> build/cfleet.
 .PHONY: cfleet
 CFLEET_CC ?= gcc
@@ -48,7 +54,7 @@ chromium:
 run: install
 	$(BIN)/python -m scripts.demo
 
-test: install java mosquitto chromium
+test: install java mosquitto nodemqtt chromium
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-unit: install

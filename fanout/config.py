@@ -151,6 +151,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "auth_fail_window": Field("auth_fail_window_ms", "60s", _duration(1000), "window for counting failed logins"),
         "auth_threads": Field("auth_threads", 1, _int(1, 16), "threads running PBKDF2 verifications (cache hits need none)"),
         "auth_queue": Field("auth_queue", 32, _int(1, 100_000), "PBKDF2 verifications waiting or running before a newcomer is refused (CONNACK 3)"),
+        "receive_maximum": Field("receive_maximum", 1024, _int(1, 65535), "MQTT 5: unacknowledged QoS 1/2 PUBLISHes a client may send (CONNACK Receive Maximum); more gets DISCONNECT 0x93"),
+        "topic_alias_maximum": Field("topic_alias_maximum", 64, _int(0, 65535), "MQTT 5: topic aliases a client may set per connection (CONNACK Topic Alias Maximum; 0 = none)"),
+        "send_topic_aliases": Field("send_topic_aliases", True, _bool, "MQTT 5: give topics aliases in PUBLISHes to a client that announced a Topic Alias Maximum (the first PUBLISH of a topic carries it, later ones only the alias)"),
+        "max_keepalive": Field("max_keepalive_ms", "60s", _duration(0), "MQTT 5: the longest keep alive a client gets; a longer (or zero) one is replaced by this in CONNACK Server Keep Alive (0 = no cap; 3.1.1 clients keep theirs)"),
     },
     "fanout": {
         "topic_prefix": Field("topic_prefix", "agent/{VIN}/proxy/request", _topic_prefix, "delivery topic is <prefix>/<request_id>"),

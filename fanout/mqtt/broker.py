@@ -1,4 +1,4 @@
-"""The MQTT 3.1.1 broker core: events in, ``(connection, bytes)`` pairs out; never touches a socket.
+"""The MQTT 3.1.1 and 5.0 broker core: events in, ``(connection, bytes)`` pairs out; never touches a socket.
 
 Strategy: an I/O adapter (:mod:`fanout.mqtt.aio`, or a test) reports what happened -
 :meth:`Broker.connection_made`, :meth:`Broker.data_received`, :meth:`Broker.connection_lost`,
@@ -13,7 +13,12 @@ CONNECT, takeover, closes, session registry and deadlines in :mod:`lifecycle`; r
 delivery and the clients' acks in :mod:`delivery`; client PUBLISH and ingest interception in
 :mod:`inbound`; SUBSCRIBE/UNSUBSCRIBE in :mod:`subscriptions`. Per-client state in :mod:`session`;
 packet order in :mod:`connection`; retained messages in :mod:`retained`; ``$SYS`` in :mod:`sys_stats`;
-the event types in :mod:`hooks`; the settings in :mod:`settings`.
+the event types in :mod:`hooks`; the settings in :mod:`settings`. MQTT 5: a level-5 CONNECT switches the
+connection's reader to the MQTT 5 packet classes, dispatched here to :mod:`inbound5` (PUBLISH, topic
+aliases, reason codes), :mod:`subscriptions5` (options, identifiers, ``$share``), :mod:`lifecycle`
+(CONNACK properties from :mod:`link5`, DISCONNECT codes, will delay in :mod:`wills`, session expiry in
+:mod:`expiry`); what a message carries is in :mod:`message5`, its MQTT 5 recipients are served by
+:mod:`fanout5`, shared subscriptions live in :mod:`shared`.
 
 Decisions (see also docs/mqtt.md):
 
@@ -50,15 +55,22 @@ from .delivery import Delivery
 from .errors import NotConnectFirst, PacketTooLarge, ProtocolError
 from .hooks import BrokerHooks, DeliverStatus
 from .inbound import Inbound
+from .inbound5 import Inbound5
 from .lifecycle import Lifecycle
 from .packets import (
     CONNACK_SERVER_UNAVAILABLE, PINGRESP_BYTES, Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp,
     Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback, Unsubscribe,
 )
+from .packets5 import (
+    Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5, Subscribe5,
+    Unsuback5, Unsubscribe5,
+)
 from .session import Session
 from .settings import MQTTSettings
 from .state import BrokerState
+from .shared import SharedSubscriptions
 from .subscriptions import Subscriptions
+from .subscriptions5 import Subscriptions5
 from .sys_stats import SysStats
 
 log = structlog.get_logger(__name__)
@@ -139,6 +151,9 @@ class Broker:
         lifecycle = self._lifecycle = Lifecycle(st, delivery, defer_auth)
         inbound = self._inbound = Inbound(st, delivery, lifecycle)
         subscriptions = Subscriptions(st, delivery)
+        st.shared = SharedSubscriptions(st.sessions, delivery.give5)
+        inbound5 = Inbound5(st, delivery, lifecycle, inbound)
+        subscriptions5 = Subscriptions5(st, delivery, subscriptions)
         self.deliver = delivery.deliver
         self.publish_local = delivery.publish_local
         self.complete_publish = inbound.complete_publish
@@ -153,6 +168,12 @@ class Broker:
             Unsubscribe: subscriptions.on_unsubscribe, Pingreq: self._on_pingreq,
             Disconnect: lifecycle.on_disconnect, Connect: lifecycle.on_second_connect,
             Connack: bad, Suback: bad, Unsuback: bad, Pingresp: bad,
+            # MQTT 5 (a level-5 CONNECT switches the connection's reader to these classes)
+            Publish5: inbound5.on_publish, Pubrel5: inbound.on_pubrel, Puback5: delivery.on_puback,
+            Pubrec5: inbound5.on_pubrec, Pubcomp5: delivery.on_pubcomp, Subscribe5: subscriptions5.on_subscribe,
+            Unsubscribe5: subscriptions5.on_unsubscribe, Disconnect5: lifecycle.on_disconnect5,
+            Connect5: lifecycle.on_second_connect, Connack5: bad, Suback5: bad, Unsuback5: bad,
+            Auth5: lifecycle.on_auth,
         }
 
     def set_output_callback(self, fn: Callable[[], None]) -> None:

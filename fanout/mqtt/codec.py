@@ -194,7 +194,7 @@ class PacketReader:
         if len(buf) < self._need:
             return None
         try:
-            packet, used = decode(bytes(buf), self._max)
+            packet, used = decode(bytes(buf), self._max, self._level)
         except NeedData:
             self._need = len(buf) + 1  # the header says how much more, but one more byte is enough to retry
             return None
@@ -203,7 +203,15 @@ class PacketReader:
             raise
         del buf[:used]
         self._need = 1
+        if self._level is None:  # a negotiating reader: the CONNECT's level applies from here on
+            level = getattr(packet, "protocol_level", None)
+            if level in (4, 5):
+                self._use_level(level)
         return packet
+
+    def head(self, n: int) -> bytes:
+        """The first ``n`` buffered bytes, undecoded (e.g. of a CONNECT that failed to decode)."""
+        return bytes(self._buf[:n])
 
     def hold(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer received bytes without decoding them (while the server authenticates the CONNECT)."""

@@ -36,6 +36,24 @@ from typing import Any
 from .codec import PacketReader, encode
 from .errors import NotConnectFirst, ProtocolError
 from .packets import Connack, Connect, Packet, PacketType
+from .packets5 import Connack5, Connect5
+
+_CONNECTS = (Connect, Connect5)
+
+
+def declared_level(head: bytes) -> int:
+    """The protocol level a CONNECT's first bytes declare (``10 <length> 00 04 MQTT <level>``), 0 if unknown.
+
+    For the answer to a CONNECT that does not decode: an MQTT 5 client gets a CONNACK with a reason code
+    (MQTT 5 section 4.13), a 3.1.1 client only the close.
+    """
+    pos = 1
+    while pos < len(head) and head[pos] & 0x80 and pos < 4:
+        pos += 1
+    pos += 1
+    if head[pos:pos + 6] == b"\x00\x04MQTT" and len(head) > pos + 6:
+        return head[pos + 6]
+    return 0
 
 
 class ConnState(IntEnum):
@@ -76,18 +94,21 @@ class Connection:
         pending_ingest: packet ids of intercepted publishes awaiting complete/reject, or None.
         write_paused: the transport asked to stop writing (QoS 0 to this connection is dropped).
         held_output: while the CONNACK is held (:mod:`connack_hold`), the output written since, else None.
+        v5: None for MQTT 3.1.1; for MQTT 5 the :class:`~fanout.mqtt.link5.Link5` of the CONNECT.
     """
 
     __slots__ = (
         "reader", "state", "connect_seen", "client_id", "session", "principal", "will", "generation",
         "keepalive_ms", "last_rx_ms", "created_ms", "out", "transport", "peer", "close_reason",
-        "wheel_slot", "acl_cache", "pending_connect", "pending_ingest", "write_paused", "max_packet_size",
+        "wheel_slot", "acl_cache", "pending_connect", "pending_ingest", "write_paused", "max_packet_size", "v5",
         "held_output",
     )
 
     def __init__(self, max_packet_size: int, now_ms: int = 0, peer: Any = None, *,
                  max_connect_size: int | None = None) -> None:
-        self.reader = PacketReader(max_packet_size if max_connect_size is None else min(max_connect_size, max_packet_size))
+        # protocol level None: the CONNECT's own level (4 or 5) picks the codec of the rest of the stream
+        self.reader = PacketReader(max_packet_size if max_connect_size is None else min(max_connect_size, max_packet_size),
+                                   protocol_level=None)
         self.max_packet_size = max_packet_size
         self.state = CONNECTING
         self.connect_seen = False
@@ -109,6 +130,7 @@ class Connection:
         self.pending_ingest: set[int] | None = None
         self.write_paused = False
         self.held_output: list[bytes] | None = None
+        self.v5: Any = None  # MQTT 5: the connection's negotiated parameters (fanout.mqtt.link5.Link5)
 
     def __repr__(self) -> str:
         return f"<Connection {self.client_id!r} {self.state.name} peer={self.peer!r}>"
@@ -148,7 +170,7 @@ class Connection:
             raise
         if self.connect_seen:
             for p in packets:
-                if p.__class__ is Connect:
+                if p.__class__ in _CONNECTS:
                     self._check_order(packets)  # raises
         elif packets:
             self._check_order(packets)
@@ -166,8 +188,9 @@ class Connection:
             raise NotConnectFirst(f"first packet is {name}, not CONNECT (MQTT-3.1.0-1)")
         try:
             packet = reader.feed_first(data)
-        except ProtocolError:
+        except ProtocolError as exc:
             self.state = ERROR
+            exc.connect_level = declared_level(reader.head(16))  # type: ignore[attr-defined]
             raise
         if packet is None:
             return []
@@ -181,7 +204,7 @@ class Connection:
 
     def _check_order(self, packets: list[Packet]) -> None:
         for i, p in enumerate(packets):
-            if p.__class__ is Connect:
+            if p.__class__ in _CONNECTS:
                 if self.connect_seen:
                     self._violation(packets, i, "second CONNECT on one connection (MQTT-3.1.0-2)")
                 self.connect_seen = True
@@ -211,10 +234,11 @@ class Connection:
         """
         if self.state >= CLOSED:
             raise ProtocolError(f"cannot send {type(packet).__name__} on a {self.state.name} connection")
-        if packet.__class__ is Connack:
+        if packet.__class__ is Connack or packet.__class__ is Connack5:
             if self.state is not CONNECTING:
                 raise ProtocolError("CONNACK sent twice")
-            if packet.return_code == 0:  # type: ignore[union-attr]
+            code = packet.return_code if packet.__class__ is Connack else packet.reason_code  # type: ignore[union-attr]
+            if code == 0:
                 self.accepted()
             else:
                 self.state = CLOSED

@@ -27,16 +27,19 @@ Strategy: this is the per-message hot path, written for CPython speed:
 from __future__ import annotations
 
 import struct
-from typing import Hashable, Iterable
+from typing import Any, Hashable, Iterable
 
 import structlog
 
 from .codec import encode_publish, encode_pubrel
 from .connection import Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
+from .fanout5 import fanout5
+from .message5 import MsgProps, message_props, out_publish, publish_bytes
 from .packets import Puback, Pubcomp, Pubrec
 from .session import SENT, OutMsg, Session
 from .state import BrokerState
+from .subopts import apply_options
 from .topics import topic_matches
 
 log = structlog.get_logger(__name__)
@@ -57,30 +60,52 @@ class Delivery:
         self._emit = state.emit
         # ACL at delivery: None for an access-control object without read rules (an embedding's own)
         self._can_read = getattr(state.acl, "can_read", None)
+        self._retained_props: dict[str, MsgProps] = {}  # topic -> MQTT 5 properties of its retained message
 
     # -- routing -----------------------------------------------------------------------------
 
-    def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> int:
+    def route(self, topic: str, payload: bytes, qos: int, retain: bool, props: MsgProps | None = None,
+              sender: str | None = None) -> int:
         """Store a retained message if asked, then deliver to every matching subscription.
 
+        Args:
+            topic, payload, qos, retain: the message.
+            props: its MQTT 5 properties, or None.
+            sender: the publisher's client id (MQTT 5 No Local), None for the server's own messages.
+
         Returns:
-            The number of sessions the message was given to.
+            The number of sessions the message was given to (shared groups count one each).
         """
         st = self._st
         if retain:
-            self.retain(topic, payload, qos)
+            self.retain(topic, payload, qos, sender, props)
         subs = st.match_cache.get(topic)
         if subs is None:
             subs = self.match(topic)
+        n = 0
         if subs:
-            self.fanout(topic, payload, qos, subs, False)
-            return len(subs)
-        return 0
+            self.fanout(topic, payload, qos, subs, False, props, sender, retain)
+            n = len(subs)
+        shared = st.shared
+        if shared is not None and shared.groups:
+            n += shared.route(topic, payload, qos, props, retain)
+        return n
 
-    def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None) -> None:
-        """Store (or clear) the retained message of ``topic``, counting a refusal by the store's bounds."""
+    def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None,
+               props: MsgProps | None = None) -> None:
+        """Store (or clear) the retained message of ``topic``, counting a refusal by the store's bounds.
+
+        The MQTT 5 properties of a retained message are kept beside the store (``retained_props``), so a
+        replay carries them and an expired one is not replayed (MQTT-3.3.2-5).
+        """
+        extra = self._retained_props
+        if props is not None and payload:
+            extra[topic] = props
+        elif extra:
+            extra.pop(topic, None)
         refused = self._st.retained.set(topic, payload, qos)
         if refused is not None:
+            extra.pop(topic, None)  # not stored: no properties either
             self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
                               retained_bytes=self._st.retained.bytes)
 
@@ -109,8 +134,14 @@ class Delivery:
         cache[topic] = subs
         return subs
 
-    def fanout(self, topic: str, payload: bytes, qos: int, subs: dict[str, int], retain: bool) -> None:
-        """Give one message to each subscriber in ``subs`` (client id -> granted QoS)."""
+    def fanout(self, topic: str, payload: bytes, qos: int, subs: dict[str, int], retain: bool,
+               props: MsgProps | None = None, sender: str | None = None, published_retain: bool = False) -> None:
+        """Give one message to each subscriber in ``subs`` (client id -> granted QoS).
+
+        MQTT 5 sessions (``s.opts`` not None) and messages with MQTT 5 properties go to
+        :func:`~fanout.mqtt.fanout5.fanout5` after the others; ``sender`` and ``published_retain`` serve
+        No Local and Retain As Published there.
+        """
         st = self._st
         sessions = st.sessions
         enc0 = None
@@ -124,9 +155,15 @@ class Delivery:
         size = len(topic) + len(payload)  # OutMsg.size
         sent = 0
         dropped = 0
+        batch5: list[tuple[Session, int]] | None = None
         for cid, granted in subs.items():
             s = sessions.get(cid)
             if s is None:
+                continue
+            if s.opts is not None or props is not None:
+                if batch5 is None:
+                    batch5 = []
+                batch5.append((s, granted))  # MQTT 5 session, or a message with properties: fanout5 below
                 continue
             q = granted if granted < qos else qos
             c = s.conn
@@ -184,12 +221,64 @@ class Delivery:
             st.pub_sent += sent
         if dropped:
             st.pub_dropped += dropped
+        if batch5 is not None:
+            fanout5(self, topic, payload, qos, batch5, props, sender, published_retain)
 
-    def publish_internal(self, topic: str, payload: bytes, qos: int, retain: bool, client_id: str | None = None) -> int:
+    def give5(self, s: Session, topic: str, payload: bytes, qos: int, granted: int, props: MsgProps | None,
+              sender: str | None, published_retain: bool, sub_ids: tuple[int, ...] | None = None) -> bool:
+        """Give one message to one session the MQTT 5 way (not when expired; its subscriptions' options
+        decide QoS, RETAIN and Subscription Identifiers, :func:`~fanout.mqtt.subopts.apply_options`).
+        ``granted``: the trie's QoS (used when no subscription has options); ``sub_ids``: identifiers the
+        caller decided (a shared subscription). Returns True when the message was sent or queued.
+        """
+        st = self._st
+        if props is not None and props.expires_ms is not None and st.now >= props.expires_ms:
+            st.expired_dropped += 1  # MQTT-3.3.2-5: no onward delivery started: deleted for this subscriber
+            return False
+        retain = False
+        if sub_ids is None:
+            sub_ids = ()
+            if s.opts:
+                granted, retain, sub_ids = apply_options(s, topic, sender, published_retain)
+                if granted < 0:
+                    return False
+        q = granted if granted < qos else qos
+        c = s.conn
+        if q == 0:
+            if c is None:
+                return False
+            if c.write_paused:
+                st.pub_dropped += 1
+                return False
+            data = publish_bytes(c, topic, payload, 0, retain, False, None, props, sub_ids, st.now)
+            if data is None:
+                st.too_large_dropped += 1
+                return False
+            self._write(c, data)
+            st.pub_sent += 1
+            return True
+        return self.send_msg(s, OutMsg(topic, payload, q, retain, None, False, props, sub_ids)) is not DeliverStatus.DROPPED
+
+    def publish_internal(self, topic: str, payload: bytes, qos: int, retain: bool, client_id: str | None = None,
+                         props: MsgProps | None = None) -> int:
         """Publish a server-originated message (will, $SYS): routed, and forwarded when enabled."""
         if self._st.forward:
             self._emit(LocalPublish(client_id, topic, payload, qos, retain))
-        return self.route(topic, payload, qos, retain)
+        return self.route(topic, payload, qos, retain, props)
+
+    def _publish(self, conn: Connection, m: OutMsg, pid: int, dup: bool, resend: bool = False) -> bytes | None:
+        """The PUBLISH of ``m`` for ``conn`` (:func:`~fanout.mqtt.message5.out_publish`)."""
+        if conn.v5 is None and m.props is None:
+            return encode_publish(m.topic, m.payload, m.qos, m.retain, dup, pid)
+        return out_publish(self._st, conn, m, pid, dup, resend)
+
+    def _discard(self, s: Session, pid: int, m: OutMsg) -> None:
+        """Take ``m`` (put in flight as ``pid``) back out: it is not sent (expired or too large)."""
+        if s.inflight.pop(pid, None) is not None:
+            s.bytes -= m.size
+        self._st.pub_dropped += 1
+        if m.tag is not None:
+            self._emit(DeliveryDropped(s.client_id, m.tag))
 
     # -- one session -------------------------------------------------------------------------
 
@@ -197,7 +286,11 @@ class Delivery:
         """Send ``m`` now if the session's window is open, else queue it."""
         if s.window_open(m.size):
             pid = s.send(m)
-            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
+            data = self._publish(s.conn, m, pid, m.dup)
+            if data is None:
+                self._discard(s, pid, m)
+                return DeliverStatus.DROPPED
+            self._write(s.conn, data)
             self._st.pub_sent += 1
             return _SENT
         return self.queue(s, m)
@@ -226,7 +319,11 @@ class Delivery:
             if m is None:
                 return
             pid = s.send(m)
-            self._write(s.conn, encode_publish(m.topic, m.payload, m.qos, m.retain, m.dup, pid))
+            data = self._publish(s.conn, m, pid, m.dup)
+            if data is None:
+                self._discard(s, pid, m)
+                continue
+            self._write(s.conn, data)
             self._st.pub_sent += 1
 
     def resume(self, s: Session) -> None:
@@ -234,26 +331,38 @@ class Delivery:
         conn = s.conn
         for pid, m in s.resend_order():
             if m.state == SENT:
-                self._write(conn, encode_publish(m.topic, m.payload, m.qos, m.retain, True, pid))
+                data = self._publish(conn, m, pid, True, resend=True)
+                if data is None:
+                    self._discard(s, pid, m)
+                    continue
+                self._write(conn, data)
                 self._st.pub_sent += 1
             else:
                 self._write(conn, encode_pubrel(pid))
         self.drain(s)
 
-    def replay_retained(self, s: Session, topic_filter: str, granted: int) -> None:
-        """Send the retained messages matching a new subscription, RETAIN=1 (MQTT-3.3.1-6, -8)."""
+    def replay_retained(self, s: Session, topic_filter: str, granted: int, sub_ids: tuple[int, ...] = ()) -> None:
+        """Send the retained messages matching a new subscription, RETAIN=1 (MQTT-3.3.1-6, -8), with their
+        MQTT 5 properties and the subscription's identifier, unless expired."""
         conn = s.conn
         can_read = self._can_read
+        extra = self._retained_props
         for topic, payload, rqos in self._st.retained.matching(topic_filter):
             if can_read is not None and s.principal is not None and not can_read(s.principal, topic):
                 self._st.deliveries_denied += 1
                 continue  # ACL at delivery holds for retained replay too
+            props = extra.get(topic) if extra else None
             q = rqos if rqos < granted else granted
             if q == 0:
-                self._write(conn, encode_publish(topic, payload, 0, True, False, None))
-                self._st.pub_sent += 1
+                if props is None and conn.v5 is None:
+                    data: bytes | None = encode_publish(topic, payload, 0, True, False, None)
+                else:
+                    data = self._publish(conn, OutMsg(topic, payload, 0, True, None, False, props, sub_ids), 0, False)
+                if data is not None:
+                    self._write(conn, data)
+                    self._st.pub_sent += 1
             else:
-                self.send_msg(s, OutMsg(topic, payload, q, True))
+                self.send_msg(s, OutMsg(topic, payload, q, True, None, False, props, sub_ids))
 
     def report_drops(self) -> None:
         """Log the queue drops since the last call, one line per session (called once per sweep)."""
@@ -305,7 +414,7 @@ class Delivery:
 
     def deliver(self, client_id: str, topic: str, payload: bytes, qos: int = 1, tag: Hashable = None,
                 *, require_subscription: bool = True, covering: Iterable[str] | None = None,
-                dup: bool = False) -> DeliverStatus:
+                dup: bool = False, props: MsgProps | None = None) -> DeliverStatus:
         """Send one message to one connected client through its session (the fanout delivery path).
 
         QoS 1/2 messages get a packet id and count against the inflight window (queued when full);
@@ -325,6 +434,8 @@ class Delivery:
                 the delivery filter); if one is still subscribed with a granted QoS >= ``qos``, the scan
                 of every filter (``topic_matches`` per filter, the costliest step of a delivery) is skipped.
             dup: DUP=1 on the first PUBLISH (QoS >= 1): the caller knows it may be a redelivery.
+            props: MQTT 5 properties to send with it (:func:`fanout.mqtt.message5.message_props`; an
+                expired message is not sent, and an MQTT 5 client gets the remaining interval).
 
         Returns:
             A :class:`DeliverStatus`.
@@ -355,23 +466,31 @@ class Delivery:
             if granted < qos:
                 qos = granted
         if qos == 0:
-            self._write(s.conn, encode_publish(topic, payload, 0, False, False, None))
+            data = self._publish(s.conn, OutMsg(topic, payload, 0, False, None, False, props), 0, False)
+            if data is None:
+                return DeliverStatus.DROPPED
+            self._write(s.conn, data)
             self._st.pub_sent += 1
             if tag is not None:
                 self._emit(Delivered(client_id, tag, 0))
             return _SENT
-        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup))
+        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup, props))
 
-    def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
+    def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                      properties: Any = None) -> int:
         """Publish to local subscribers only (a message forwarded from another node).
 
         No ACL check, no hooks, no :class:`LocalPublish` event (so nothing is forwarded back). A
         retained message is stored (mirrored) here too.
 
+        ``properties``: the MQTT 5 properties it carries (``LocalPublish.properties`` of the other node),
+        the Message Expiry Interval counted from now.
+
         Returns:
             The number of local sessions the message was given to.
         """
-        return self.route(topic, payload, qos, retain)
+        props = message_props(properties, self._st.now) if properties is not None else None
+        return self.route(topic, payload, qos, retain, props)
 
 
 __all__ = ["Delivery", "MATCH_CACHE_SIZE"]

@@ -142,6 +142,9 @@ class IngestTicket:
     ``broker.complete_publish(t.client_id, t.packet_id, t.generation)`` once the write is durable
     (sends PUBACK for QoS 1, PUBREC for QoS 2, nothing for QoS 0), or
     ``broker.reject_publish(t.client_id, t.packet_id, error, t.generation)``.
+
+    ``properties``: the MQTT 5 properties of the PUBLISH (``fanout.mqtt.properties.Properties``: Message
+    Expiry Interval, User Properties, Content Type, ...), None from a 3.1.1 client.
     """
 
     client_id: str
@@ -152,13 +155,16 @@ class IngestTicket:
     qos: int
     retain: bool
     dup: bool
+    properties: Any = None
 
 
 @dataclass(frozen=True, slots=True)
 class LocalPublish:
     """A PUBLISH accepted from a local client (or a will), for forwarding to other nodes.
 
-    Only emitted when :attr:`BrokerHooks.forward_publishes` is True.
+    Only emitted when :attr:`BrokerHooks.forward_publishes` is True. ``properties``: the MQTT 5 properties
+    to forward with it (``fanout.mqtt.properties.Properties``, Message Expiry Interval as received, no Topic
+    Alias), None for a 3.1.1 publish; pass them to the other node's ``publish_local(..., properties=...)``.
     """
 
     client_id: str | None
@@ -166,6 +172,7 @@ class LocalPublish:
     payload: bytes
     qos: int
     retain: bool
+    properties: Any = None
 
 
 Event = Any  # one of the dataclasses above

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from .codec import encode_puback, encode_pubcomp, encode_pubrec
+from .link5 import negative_ack5
 from .connection import CONNECTED, Connection
 from .delivery import Delivery
 from .hooks import Heartbeat, IngestTicket, LocalPublish
@@ -56,7 +57,7 @@ class Inbound:
         st = self._st
         st.pub_received += 1
         topic = p.topic
-        cache = conn.acl_cache
+        cache = conn.acl_cache  # acl_allows inlined: the per-message path
         if cache is None:
             cache = conn.acl_cache = {}
         allowed = cache.get(topic)
@@ -72,7 +73,7 @@ class Inbound:
             return
         if st.hooked:
             if st.ingest_prefix is not None and topic.startswith(st.ingest_prefix):
-                self._ingest(conn, p)
+                self.ingest(conn, p)
                 return
             if st.heartbeat_prefix is not None and topic.startswith(st.heartbeat_prefix):
                 self._emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
@@ -87,7 +88,10 @@ class Inbound:
             if subs is None:
                 subs = self._match(topic)
             if subs:
-                self._fanout(topic, payload, qos, subs, False)
+                self._fanout(topic, payload, qos, subs, False, None, conn.client_id, p.retain)
+            shared = st.shared
+            if shared is not None and shared.groups:
+                shared.route(topic, payload, qos, None, p.retain)
             if qos:
                 out = conn.out  # BrokerState.write inlined
                 if not out:
@@ -99,8 +103,18 @@ class Inbound:
                 st.msgs_sent += 1
             return
         if conn.session.qos2_received(p.packet_id):
-            self._delivery.route(topic, p.payload, 2, p.retain)
+            self._delivery.route(topic, p.payload, 2, p.retain, None, conn.client_id)
         self._write(conn, encode_pubrec(p.packet_id))  # type: ignore[arg-type]
+
+    def acl_allows(self, conn: Connection, topic: str) -> bool:
+        """The publish ACL for ``topic`` through the connection's cache (bounds included, never cached)."""
+        cache = conn.acl_cache
+        if cache is None:
+            cache = conn.acl_cache = {}
+        allowed = cache.get(topic)
+        if allowed is None:
+            allowed = self._acl_publish(conn, topic, cache)
+        return allowed
 
     def _acl_publish(self, conn: Connection, topic: str, cache: dict[str, bool]) -> bool:
         over = over_limits(topic, self._max_levels, self._max_length)
@@ -122,7 +136,8 @@ class Inbound:
 
     # -- ingest interception -----------------------------------------------------------------
 
-    def _ingest(self, conn: Connection, p: Publish) -> None:
+    def ingest(self, conn: Connection, p: Any) -> None:
+        """Hand an intercepted publish to the embedding (an :class:`IngestTicket`); acknowledged later."""
         pid = p.packet_id
         if pid is not None:
             pending = conn.pending_ingest
@@ -135,7 +150,9 @@ class Inbound:
                 self._write(conn, encode_pubrec(pid))  # already stored, awaiting PUBREL
                 return
             pending[pid] = p.qos
-        self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup))  # type: ignore[arg-type]
+        props = getattr(p, "properties", None)  # MQTT 5 (Publish5); a 3.1.1 Publish has none
+        self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
+                                props))
 
     def _ingest_conn(self, client_id: str, generation: int | None) -> Connection | None:
         s = self._st.sessions.get(client_id)
@@ -181,6 +198,10 @@ class Inbound:
         """Refuse an intercepted publish: publish a JSON error on ``<ingest prefix>errors/<client_id>``,
         then close that connection (its will is published: the server ended it, not the client).
 
+        An MQTT 5 client instead gets a negative PUBACK/PUBREC (``error["reason_code"]``, default 0x99
+        Payload format invalid, with the message as Reason String when it asked for problem information)
+        and keeps its connection; a QoS 0 publish has nothing to answer and is only logged.
+
         Args:
             client_id: the ticket's client id.
             packet_id: the ticket's packet id (None for QoS 0).
@@ -195,8 +216,12 @@ class Inbound:
             return False
         body: dict[str, Any] = {"client_id": client_id, "packet_id": packet_id}
         body.update(error if isinstance(error, dict) else {"error": str(error)})
-        if conn.pending_ingest:
-            conn.pending_ingest.pop(packet_id, None)  # type: ignore[arg-type]
+        qos = conn.pending_ingest.pop(packet_id, None) if conn.pending_ingest else None  # type: ignore[arg-type]
+        if conn.v5 is not None:
+            if qos is not None:
+                self._write(conn, negative_ack5(conn, qos, packet_id, body))  # type: ignore[arg-type]
+            log.warning("mqtt publish rejected", client_id=client_id, packet_id=packet_id, error=body)
+            return True
         topic = f"{self._st.error_prefix}{client_id}"
         self._delivery.route(topic, json.dumps(body, separators=(",", ":")).encode(), 1, False)
         log.warning("mqtt publish rejected", client_id=client_id, packet_id=packet_id, error=body)

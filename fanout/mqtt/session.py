@@ -50,12 +50,15 @@ class OutMsg:
         dup: send the first PUBLISH with DUP=1 (the fanout layer knows it may be a redelivery of the
             same application message on an earlier session; resends within a session always set it).
         size: what it counts against the byte bounds: topic length + payload length.
+        props: MQTT 5 properties the message carries from its publisher
+            (:class:`~fanout.mqtt.message5.MsgProps`), or None.
+        sub_ids: MQTT 5 Subscription Identifiers of the receiver's matching subscriptions.
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state", "dup", "size")
+    __slots__ = ("topic", "payload", "qos", "retain", "tag", "state", "dup", "size", "props", "sub_ids")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False, tag: Hashable = None,
-                 dup: bool = False) -> None:
+                 dup: bool = False, props: Any = None, sub_ids: tuple[int, ...] = ()) -> None:
         self.topic = topic
         self.payload = payload
         self.qos = qos
@@ -64,6 +67,8 @@ class OutMsg:
         self.state = SENT
         self.dup = dup
         self.size = len(topic) + len(payload)
+        self.props = props
+        self.sub_ids = sub_ids
 
     def __repr__(self) -> str:
         return f"OutMsg({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, retain={self.retain}, tag={self.tag!r}, state={self.state})"
@@ -122,6 +127,7 @@ class Session:
     __slots__ = (
         "client_id", "clean", "limits", "budget", "subs", "inflight", "queue", "last_pid", "conn",
         "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms", "principal",
+        "opts", "expiry_ms", "inflight_cap",
     )
 
     def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None,
@@ -144,6 +150,12 @@ class Session:
         self.dropped_unreported = 0  # drops not yet logged by the broker
         self.drop_reason = ""  # the bound that made the last drop: mqtt.max_offline_messages, ...
         self.disconnected_ms = 0  # when the last connection ended (expiry of offline sessions)
+        # MQTT 5: None for a 3.1.1 session; else filter -> SubOpts of the subscriptions with options
+        # (No Local, Retain As Published, Subscription Identifier); such a session's messages take the
+        # MQTT 5 delivery path
+        self.opts: dict[str, Any] | None = None
+        self.expiry_ms: int | None = None  # MQTT 5 Session Expiry Interval; None = mqtt.session_expiry
+        self.inflight_cap = limits.max_inflight  # lowered to an MQTT 5 client's Receive Maximum
 
     def __repr__(self) -> str:
         return (f"Session({self.client_id!r}, clean={self.clean}, subs={len(self.subs)}, "
@@ -169,7 +181,7 @@ class Session:
     def window_open(self, size: int = 0) -> bool:
         """True when a new QoS 1/2 message of ``size`` bytes may be sent now: connected, nothing queued,
         window not full, and within the session's byte bound (or the session holds nothing)."""
-        return (self.conn is not None and not self.queue and len(self.inflight) < self.limits.max_inflight
+        return (self.conn is not None and not self.queue and len(self.inflight) < self.inflight_cap
                 and (self.bytes + size <= self.limits.max_bytes or not self.bytes))
 
     def send(self, msg: OutMsg) -> int:
@@ -239,7 +251,7 @@ class Session:
         """Pop the oldest queued message when connected and the window has room, else None (pass it to
         :meth:`send`)."""
         q = self.queue
-        if q and self.conn is not None and len(self.inflight) < self.limits.max_inflight:
+        if q and self.conn is not None and len(self.inflight) < self.inflight_cap:
             msg = q.popleft()
             self.budget.queued_bytes -= msg.size
             self.bytes -= msg.size  # send() counts it again, in flight

@@ -56,7 +56,9 @@ class BrokerState:
         now: the latest time the adapter reported.
         hooked, ingest_prefix, heartbeat_prefix, forward, error_prefix: the hooks' switches, flattened
             for the per-message path.
-        clients_connected ... protocol_errors: ``$SYS`` counters (see :mod:`sys_stats`).
+        clients_connected ... protocol_errors, v5_connected, expired_dropped, too_large_dropped: ``$SYS``
+            counters (see :mod:`sys_stats`).
+        shared: the MQTT 5 shared subscriptions.
         caps: hits of the bounds that protect the broker from its clients (see :mod:`caps`).
         holds: connections whose CONNACK waits for the embedding's registration (:mod:`connack_hold`).
     """
@@ -67,7 +69,8 @@ class BrokerState:
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
         "pub_dropped", "pub_denied", "bytes_received", "bytes_sent", "subscription_count", "acks_unknown",
-        "protocol_errors", "deliveries_denied", "caps", "holds",
+        "protocol_errors", "deliveries_denied", "caps", "v5_connected", "expired_dropped", "too_large_dropped",
+        "shared", "holds",
     )
 
     def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None, *, now_ms: int,
@@ -110,6 +113,10 @@ class BrokerState:
         self.deliveries_denied = 0  # messages the ACL at delivery kept from a matching subscriber
         self.caps = CapCounters()
         self.holds = ConnackHolds()
+        self.v5_connected = 0  # MQTT 5 clients among clients_connected
+        self.expired_dropped = 0  # MQTT 5 messages not delivered: their Message Expiry Interval passed
+        self.too_large_dropped = 0  # MQTT 5 messages not sent: over the receiver's Maximum Packet Size
+        self.shared: Any = None  # MQTT 5 shared subscriptions (fanout.mqtt.shared.SharedSubscriptions)
 
     @property
     def sessions_offline(self) -> int:

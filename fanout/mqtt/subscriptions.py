@@ -42,30 +42,15 @@ class Subscriptions:
         codes = []
         granted = []
         for topic_filter, qos in p.topics:
-            over = over_limits(topic_filter, self._max_levels, self._max_length)
-            if over is not None:
+            if self.refusal(conn, s, topic_filter) is not None:
                 codes.append(SUBACK_FAILURE)
-                st.caps.hit(over, client_id=cid, peer=conn.peer, length=len(topic_filter),
-                            levels=topic_filter.count("/") + 1)
-                continue
-            try:
-                validate_topic_filter(topic_filter)
-            except InvalidTopic as exc:
-                codes.append(SUBACK_FAILURE)
-                log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason=str(exc))
-                continue
-            if not st.acl.can_subscribe(conn.principal, topic_filter):
-                codes.append(SUBACK_FAILURE)
-                log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason="not authorised")
-                continue
-            if topic_filter not in s.subs and len(s.subs) >= self._max_subs:
-                codes.append(SUBACK_FAILURE)
-                st.caps.hit("subscriptions", client_id=cid, peer=conn.peer, subscriptions=len(s.subs))
                 continue
             st.trie.add(topic_filter, cid, qos)  # MQTT-3.8.4-3: replaces an identical filter
             if topic_filter not in s.subs:
                 st.subscription_count += 1
             s.subs[topic_filter] = qos
+            if s.opts:
+                s.opts.pop(topic_filter, None)  # a 3.1.1 SUBSCRIBE replaces an MQTT 5 one with its options
             codes.append(qos)
             granted.append((topic_filter, qos))
         if granted:
@@ -76,12 +61,39 @@ class Subscriptions:
         if granted:
             st.emit(Subscribed(cid, conn.generation, tuple(granted)))
 
+    def refusal(self, conn: Connection, s: Session, topic_filter: str, inner: str | None = None) -> str | None:
+        """Why ``topic_filter`` is not granted (``invalid``, ``not_authorised``, ``quota``), logged or counted
+        as a bound hit; None when it is. ``inner``: the filter of a shared subscription (checked and
+        authorised in place of ``topic_filter``)."""
+        st = self._st
+        cid = s.client_id
+        over = over_limits(topic_filter, self._max_levels, self._max_length)
+        if over is not None:
+            st.caps.hit(over, client_id=cid, peer=conn.peer, length=len(topic_filter),
+                        levels=topic_filter.count("/") + 1)
+            return "invalid"
+        checked = topic_filter if inner is None else inner
+        try:
+            validate_topic_filter(checked)
+        except InvalidTopic as exc:
+            log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason=str(exc))
+            return "invalid"
+        if not st.acl.can_subscribe(conn.principal, checked):
+            log.info("mqtt subscribe refused", client_id=cid, topic_filter=topic_filter, reason="not authorised")
+            return "not_authorised"
+        if topic_filter not in s.subs and len(s.subs) >= self._max_subs:
+            st.caps.hit("subscriptions", client_id=cid, peer=conn.peer, subscriptions=len(s.subs))
+            return "quota"
+        return None
+
     def on_unsubscribe(self, conn: Connection, p: Unsubscribe) -> None:
         st = self._st
         s: Session = conn.session
         removed = []
         for topic_filter in p.topics:
             if s.subs.pop(topic_filter, None) is not None:
+                if s.opts:
+                    s.opts.pop(topic_filter, None)
                 st.trie.remove(topic_filter, s.client_id)
                 st.subscription_count -= 1
                 removed.append(topic_filter)
@@ -91,8 +103,13 @@ class Subscriptions:
         st.write(conn, encode_unsuback(p.packet_id))  # MQTT-3.10.4-4/5: even when nothing matched
 
     def route_filters(self) -> list[str]:
-        """Distinct topic filters subscribed on this node (the route table other nodes forward by)."""
-        return list(self._st.trie.filters())
+        """Distinct topic filters subscribed on this node (the route table other nodes forward by), the
+        filters of MQTT 5 shared subscriptions included."""
+        filters = list(self._st.trie.filters())
+        shared = self._st.shared
+        if shared is not None and shared.groups:
+            filters = list(dict.fromkeys(filters + shared.inner_filters()))
+        return filters
 
 
 __all__ = ["Subscriptions"]

@@ -107,6 +107,9 @@ class SysStats:
             "$SYS/broker/heap/current": rss_bytes(),
             "$SYS/broker/messages/queued/bytes": b.queue_budget.queued_bytes,
             "$SYS/broker/publish/messages/denied_at_delivery": getattr(b, "deliveries_denied", 0),
+            "$SYS/broker/clients/mqtt5/connected": getattr(b, "v5_connected", 0),
+            "$SYS/broker/publish/messages/expired": getattr(b, "expired_dropped", 0),
+            "$SYS/broker/publish/messages/too_large": getattr(b, "too_large_dropped", 0),
         }
         for name, hits in b.caps.hits.items():
             snap[f"$SYS/broker/limits/{name}"] = hits

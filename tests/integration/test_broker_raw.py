@@ -154,7 +154,7 @@ def test_second_connect_closes(broker, raw_client):
 
 def test_bad_protocol_level_raw(broker, raw_client):
     c = raw_client(broker)
-    assert c.connect("x", protocol_level=5) == Connack(False, 1)
+    assert c.connect("x", protocol_level=6) == Connack(False, 1)  # 5 is MQTT 5, accepted
     assert c.is_closed()
 
 
