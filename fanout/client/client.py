@@ -69,6 +69,9 @@ class FanoutClient(Pump):
         dead_letter_retain_days: dead letters older than this are pruned.
         reject_is_final: a cluster error naming the request dead-letters it at once.
         keepalive_s, connect_timeout_s, reconnect_min_s, reconnect_max_s: connection tuning.
+        mqtt_version: ``"auto"`` (MQTT 5, and 3.1.1 when the server refuses it), ``"5"`` or ``"3.1.1"``.
+            On MQTT 5 a refused trigger or blob fails only its submissions (``FanoutRejected`` with
+            ``detail["reason_code"]``) and the connection stays up.
         ack_timeout_s: drop the connection when a PUBACK is this late.
         close_timeout_s: how long ``close`` waits for in-memory items to be acknowledged before
             spilling them to the outbox.
@@ -99,9 +102,12 @@ class FanoutClient(Pump):
         reconnect_max_s: float = 5.0,
         ack_timeout_s: float = 30.0,
         close_timeout_s: float = 10.0,
+        mqtt_version: Literal["auto", "5", "3.1.1"] = "auto",
     ) -> None:
         if durability not in ("hybrid", "always"):
             raise ValueError(f"durability must be 'hybrid' or 'always', got {durability!r}")
+        if mqtt_version not in ("auto", "5", "3.1.1"):
+            raise ValueError(f"mqtt_version must be 'auto', '5' or '3.1.1', got {mqtt_version!r}")
         if max_batch < 1 or max_inflight < 1:
             raise ValueError("max_batch and max_inflight must be >= 1")
         self.host, self.port = host, port
@@ -115,6 +121,9 @@ class FanoutClient(Pump):
         self._retain_days = dead_letter_retain_days
         self._max_inflight = max_inflight
         self._reject_is_final = reject_is_final
+        self._mqtt_version = mqtt_version
+        self._mqtt5 = mqtt_version != "3.1.1"
+        self._connects = 0
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = connect_timeout_s
         self._reconnect = (reconnect_min_s, reconnect_max_s)
@@ -329,7 +338,7 @@ class FanoutClient(Pump):
         return ClientStatus(self.client_id, self._mode, self.durability, self._conn is not None, len(self._ring),
                             self._ring.capacity, len(self._inflight), ob.depth if ob else 0, len(ob.retry) if ob else 0,
                             len(self._suspects), oldest, ob.dead_count if ob else 0, self._submitted, self._acked,
-                            self._last_error)
+                            self._last_error, "5" if self._mqtt5 else "3.1.1", self._connects)
 
     async def cancel(self, request_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict | None:
         """Cancel a request: nothing more of it is delivered, its pending rows are removed (a message in flight

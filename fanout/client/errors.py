@@ -62,7 +62,8 @@ class FanoutDeadLettered(FanoutError):
 
 
 class FanoutRejected(FanoutDeadLettered):
-    """The cluster published an error for this request on ``$SDV-FANOUT/errors/<client_id>``.
+    """The cluster refused this request: an MQTT 5 negative PUBACK (``detail["reason_code"]``), or on
+    MQTT 3.1.1 an error published on ``$SDV-FANOUT/errors/<client_id>``.
 
     Attributes:
         error: the error code sent by the cluster (``"invalid_trigger"``, ...).
@@ -77,6 +78,36 @@ class FanoutRejected(FanoutDeadLettered):
         self.reason = str(detail.get("reason", "") or "")
         self.detail = detail
         super().__init__(seq, request_id, attempts, describe_cluster_error(detail))
+
+
+def negative_ack_detail(code: int, reason: str | None, request_id: str) -> dict[str, Any]:
+    """The error detail of an MQTT 5 negative PUBACK, shaped like an errors-topic message.
+
+    The cluster's Reason String is ``error: field: reason`` (or ``error: reason``) as
+    :func:`describe_cluster_error` writes it; a server that sent none leaves the reason code's name.
+
+    Args:
+        code: the PUBACK reason code (>= 0x80).
+        reason: its Reason String, or None.
+        request_id: the request of the refused message.
+    """
+    detail: dict[str, Any] = {"request_id": request_id, "reason_code": code}
+    parts = (reason or "").split(": ", 2)
+    if not parts[0]:
+        detail["error"] = _REASON_NAMES.get(code, f"refused_0x{code:02x}")
+    elif len(parts) == 3:
+        detail.update(error=parts[0], field=parts[1], reason=parts[2])
+    elif len(parts) == 2:
+        detail.update(error=parts[0], reason=parts[1])
+    else:
+        detail["error"] = parts[0]
+    return detail
+
+
+#: Names of the MQTT 5 PUBACK reason codes a server may refuse a publish with (spec table 3-4).
+_REASON_NAMES = {0x80: "unspecified_error", 0x83: "implementation_specific_error", 0x87: "not_authorized",
+                 0x90: "topic_name_invalid", 0x91: "packet_identifier_in_use", 0x97: "quota_exceeded",
+                 0x99: "payload_format_invalid"}
 
 
 def describe_cluster_error(detail: dict[str, Any]) -> str:
@@ -103,5 +134,6 @@ __all__ = [
     "FanoutClosed",
     "FanoutDeadLettered",
     "FanoutRejected",
+    "negative_ack_detail",
     "describe_cluster_error",
 ]

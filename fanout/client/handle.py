@@ -104,6 +104,8 @@ class ClientStatus:
         submitted: submissions accepted by this process.
         acked: submissions fully acknowledged in this process.
         last_error: the last connection or publish error, or "".
+        mqtt_version: the protocol of the current (or last) connection, ``"5"`` or ``"3.1.1"``.
+        connects: MQTT connections made so far (1 + reconnects).
     """
 
     client_id: str
@@ -121,3 +123,5 @@ class ClientStatus:
     submitted: int
     acked: int
     last_error: str
+    mqtt_version: str = ""
+    connects: int = 0

@@ -114,6 +114,24 @@ class Inflight:
                 done.append(entry.sub)
         return done
 
+    def reject(self, mid: int) -> list[Submission]:
+        """Record a negative PUBACK (MQTT 5) of ``mid``: the submissions that needed that message are
+        forgotten and returned (later PUBACKs of their other messages are ignored); a refused blob is
+        no longer known as sent, so a later submission of its ``data_id`` sends it again."""
+        seqs = self._mids.pop(mid, None)
+        if seqs is None:
+            return []
+        self.messages -= 1
+        data_id = self._blob_of_mid.pop(mid, None)
+        if data_id is not None:
+            self._blobs.pop(data_id, None)
+        refused: list[Submission] = []
+        for seq in seqs:
+            entry = self._subs.pop(seq, None)
+            if entry is not None:
+                refused.append(entry.sub)
+        return refused
+
     def _trim_blobs(self) -> None:
         if len(self._blobs) <= self._blob_cache:
             return

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from fanout.client.errors import FanoutDeadLettered, FanoutRejected, describe_cluster_error
+from fanout.client.errors import FanoutDeadLettered, FanoutRejected, describe_cluster_error, negative_ack_detail
 from fanout.client.handle import COLD
 from fanout.client.inflight import Inflight
 from fanout.client.outbox import ApplyResult, Failure, OutboxBatch, now_ms
@@ -81,6 +81,9 @@ class Pump:
         _writer: GroupWriter | None
         _max_inflight: int
         _reject_is_final: bool
+        _mqtt_version: str
+        _mqtt5: bool
+        _connects: int
         _keepalive_s: int
         _connect_timeout_s: float
         _reconnect: tuple[float, float]
@@ -99,10 +102,14 @@ class Pump:
         while not self._closed:
             conn = BrokerConnection(client_id=self.client_id, username=self._username, password=self._password,
                                     keepalive_s=self._keepalive_s, on_ack=self._on_ack, on_message=self._on_message,
-                                    on_lost=self._on_lost)
+                                    on_lost=self._on_lost, mqtt5=self._mqtt5)
             try:
                 await conn.open(self.host, self.port, self._connect_timeout_s)
             except ConnectFailed as exc:
+                if exc.protocol_refused and self._mqtt_version == "auto":
+                    self._mqtt5 = False  # for this client's lifetime: the server is not going to change
+                    log.info("client.mqtt5_refused", error=str(exc), using="3.1.1")
+                    continue
                 self._first_attempt.set()
                 self._last_error = str(exc)
                 failures += 1
@@ -111,6 +118,7 @@ class Pump:
                 delay = min(delay * 2, self._reconnect[1])
                 continue
             failures = 0
+            self._connects += 1
             self._lost.clear()
             self._conn = conn
             self._inflight = Inflight()
@@ -297,9 +305,19 @@ class Pump:
 
     # ------------------------------------------------------------------ inbound
 
-    def _on_ack(self, mid: int) -> None:
+    def _on_ack(self, mid: int, code: int = 0, reason: str | None = None) -> None:
+        if code >= 0x80:
+            self._on_refused(mid, code, reason)
+            return
         for sub in self._inflight.ack(mid):
             self._complete(sub)
+        self._wake.set()
+
+    def _on_refused(self, mid: int, code: int, reason: str | None) -> None:
+        """An MQTT 5 negative PUBACK: the submissions of that message fail as :class:`FanoutRejected`, the
+        connection and every other submission on it go on (3.1.1 learns it from the errors topic and a close)."""
+        for sub in self._inflight.reject(mid):
+            self._reject(sub, negative_ack_detail(code, reason, sub.request_id))
         self._wake.set()
 
     def _complete(self, sub: Submission) -> None:
@@ -347,6 +365,12 @@ class Pump:
             return
         sub = subs[0]
         self._inflight.forget(sub.seq)
+        self._reject(sub, detail)
+
+    def _reject(self, sub: Submission, detail: dict[str, Any]) -> None:
+        """The cluster refused ``sub`` (already out of the in-flight tracker): dead-letter it with ``detail``."""
+        text = describe_cluster_error(detail)
+        self._last_cluster_error = self._last_error = text
         self._suspects.discard(sub.seq)
         if self._isolated == sub.seq:
             self._isolated = None

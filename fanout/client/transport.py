@@ -1,4 +1,4 @@
-"""One MQTT 3.1.1 connection for the platform client: paho-mqtt 2.x driven by the asyncio loop.
+"""One MQTT connection (5, or 3.1.1) for the platform client: paho-mqtt 2.x driven by the asyncio loop.
 
 Strategy: paho does the protocol (CONNECT, QoS 1 flow, keepalive); this module plugs its socket into
 the running asyncio loop through paho's external-loop callbacks (``on_socket_open`` /
@@ -11,6 +11,11 @@ between the two threads), aiomqtt ~2.5k msg/s (a task per publish), paho on the 
 
 A :class:`BrokerConnection` is used once: a fresh paho client per connection, clean session, so nothing
 paho queued for a dead connection is ever re-sent behind the client's back; the client owns retries.
+
+MQTT 5 (``mqtt5=True``): the server refuses a bad trigger or blob with a negative PUBACK (reason code and
+Reason String) and keeps the connection, so ``on_ack`` gets the code and the reason too. A server that
+does not speak MQTT 5 answers a level-5 CONNECT with CONNACK 0x01/0x84 or by closing the socket:
+:class:`ConnectFailed` then has ``protocol_refused`` set and the client connects again with 3.1.1.
 """
 from __future__ import annotations
 
@@ -27,7 +32,22 @@ log = structlog.get_logger(__name__)
 
 
 class ConnectFailed(OSError):
-    """The TCP connection or the MQTT CONNECT was refused or timed out."""
+    """The TCP connection or the MQTT CONNECT was refused or timed out.
+
+    Attributes:
+        protocol_refused: an MQTT 5 CONNECT the server may not understand (CONNACK 0x01 or 0x84, or the
+            socket closed after the CONNECT without a CONNACK): worth one more try with MQTT 3.1.1.
+    """
+
+    def __init__(self, message: str, protocol_refused: bool = False) -> None:
+        super().__init__(message)
+        self.protocol_refused = protocol_refused
+
+
+#: CONNACK codes meaning "not this protocol version": 3.1.1's 0x01 and MQTT 5's 0x84.
+_PROTOCOL_REFUSED = (0x01, 0x84)
+#: What ``on_ack`` gets: packet id, reason code (0 = success; >= 0x80 refused), Reason String or None.
+AckFn = Callable[[int, int, "str | None"], None]
 
 
 class PublishFailed(OSError):
@@ -50,10 +70,12 @@ class BrokerConnection:
         username: login, or None.
         password: password, or None.
         keepalive_s: MQTT keepalive.
-        on_ack: called with the packet id of every PUBACK.
+        on_ack: called with ``(packet id, reason code, reason string)`` of every PUBACK (the code is
+            0 on MQTT 3.1.1; on MQTT 5 a code >= 0x80 is the server refusing that message).
         on_message: called with (topic, payload) of every PUBLISH received.
         on_lost: called once with (this connection, reason) when it ends for any reason, including
             a failed :meth:`open`.
+        mqtt5: connect with MQTT 5 (else 3.1.1).
     """
 
     def __init__(
@@ -63,9 +85,10 @@ class BrokerConnection:
         username: str | None,
         password: str | None,
         keepalive_s: int,
-        on_ack: Callable[[int], None],
+        on_ack: AckFn,
         on_message: Callable[[str, bytes], None],
         on_lost: Callable[["BrokerConnection", str], None],
+        mqtt5: bool = False,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -74,9 +97,15 @@ class BrokerConnection:
         self._on_lost = on_lost
         self._lost = False
         self._connack: asyncio.Future[None] = self._loop.create_future()
+        self._tcp_connected = False  # a close before the CONNACK is then the server's answer
         self.connected = False
-        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
-                        clean_session=True, reconnect_on_failure=False)
+        self.mqtt5 = mqtt5
+        if mqtt5:  # clean start, session expiry 0 (the default): nothing outlives the connection
+            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                            reconnect_on_failure=False)
+        else:
+            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
+                            clean_session=True, reconnect_on_failure=False)
         if username is not None:
             c.username_pw_set(username, password)
         c.max_inflight_messages_set(0)  # the client windows itself; 0 = no paho limit
@@ -104,6 +133,7 @@ class BrokerConnection:
         self._paho.connect_timeout = timeout_s
         try:
             await asyncio.wait_for(self._loop.run_in_executor(None, self._paho.connect, host, port, self._keepalive_s), timeout_s)
+            self._tcp_connected = True
             await asyncio.wait_for(asyncio.shield(self._connack), timeout_s)
         except asyncio.CancelledError:
             self.abort("connect cancelled")
@@ -170,7 +200,7 @@ class BrokerConnection:
     def _mark_lost(self, reason: str) -> None:
         self.connected = False
         if not self._connack.done():
-            self._connack.set_exception(ConnectFailed(reason))
+            self._connack.set_exception(ConnectFailed(reason, protocol_refused=self.mqtt5 and self._tcp_connected))
             self._connack.exception()  # retrieved: open() reports it
         if not self._lost:
             self._lost = True
@@ -178,7 +208,8 @@ class BrokerConnection:
 
     def _cb_connect(self, client: mqtt.Client, userdata: object, flags: object, rc: mqtt.ReasonCode, props: object) -> None:
         if rc.is_failure:
-            self._connack.set_exception(ConnectFailed(f"CONNACK refused: {rc}"))
+            self._connack.set_exception(ConnectFailed(f"CONNACK refused: {rc}",
+                                                      protocol_refused=self.mqtt5 and rc.value in _PROTOCOL_REFUSED))
             self._connack.exception()
             return
         self.connected = True
@@ -188,8 +219,11 @@ class BrokerConnection:
     def _cb_disconnect(self, client: mqtt.Client, userdata: object, flags: object, rc: mqtt.ReasonCode, props: object) -> None:
         self._in_loop(self._mark_lost, f"disconnected: {rc}")
 
-    def _cb_publish(self, client: mqtt.Client, userdata: object, mid: int, rc: object, props: object) -> None:
-        self._on_ack(mid)
+    def _cb_publish(self, client: mqtt.Client, userdata: object, mid: int, rc: mqtt.ReasonCode, props: object) -> None:
+        if not self.mqtt5 or not rc.is_failure:
+            self._on_ack(mid, 0, None)
+            return
+        self._on_ack(mid, rc.value, getattr(props, "ReasonString", None))
 
     def _cb_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         self._on_message(msg.topic, msg.payload)

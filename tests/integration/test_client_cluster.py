@@ -1,6 +1,6 @@
 """Contract test against the real fanout layer (``fanout up``: local Ray, LMDB store): a valid
-submission is acknowledged after it is durable, an invalid trigger comes back on
-``$SDV-FANOUT/errors/<client_id>`` and surfaces as ``FanoutRejected`` naming the field."""
+submission is acknowledged after it is durable, an invalid trigger comes back as an MQTT 5 negative PUBACK
+(or on MQTT 3.1.1 on ``$SDV-FANOUT/errors/<client_id>``) and surfaces as ``FanoutRejected`` naming the field."""
 from __future__ import annotations
 
 import signal
@@ -32,9 +32,13 @@ def cluster(tmp_path: Path):
             proc.wait(10)
 
 
-async def test_real_cluster_acks_valid_and_rejects_invalid_naming_the_field(cluster: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mqtt_version", ["5", "3.1.1"])
+async def test_real_cluster_acks_valid_and_rejects_invalid_naming_the_field(cluster: int, tmp_path: Path,
+                                                                           mqtt_version: str) -> None:
+    """MQTT 5: a negative PUBACK (0x99, the field in its Reason String), the connection stays; 3.1.1: the
+    errors topic, then the cluster closes the connection and the client reconnects."""
     kwargs = client_kwargs(cluster, tmp_path / "ob", username="platform", password="platform")
-    async with FanoutClient(**kwargs) as client:
+    async with FanoutClient(**kwargs, mqtt_version=mqtt_version) as client:
         ok = await client.submit(["WVWZZZ1JZ3W386752", "WVWZZZ1JZ3W386753"], b"blob-1", request_id="ok-1")
         await ok.acked(timeout=30)
         bad = await client.submit(["WVWZZZ1JZ3W386752", "bad vin!"], b"blob-1", request_id="bad-1")
@@ -42,7 +46,13 @@ async def test_real_cluster_acks_valid_and_rejects_invalid_naming_the_field(clus
             await bad.acked(timeout=30)
         assert info.value.field == "ids[1]" and info.value.error == "invalid_trigger" and info.value.request_id == "bad-1"
         after = await client.submit(["WVWZZZ1JZ3W386754"], b"blob-2", request_id="ok-2")
-        await after.acked(timeout=30)  # the cluster closed the connection; the client reconnected
+        await after.acked(timeout=30)
+        status = client.status()
+        assert status.mqtt_version == mqtt_version
+        if mqtt_version == "5":
+            assert info.value.detail["reason_code"] == 0x99 and status.connects == 1  # no reconnect
+        else:
+            assert status.connects == 2  # the cluster closed the connection; the client reconnected
         [dead] = await client.dead_letters()
         assert dead.request_id == "bad-1" and "ids[1]" in dead.last_error
         assert await client.drain(10)

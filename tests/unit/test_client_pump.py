@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 
 import fanout.client.pump as pump_mod
-from fanout.client import FanoutClient, FanoutDeadLettered
+from fanout.client import FanoutClient, FanoutDeadLettered, FanoutRejected
 from fanout.client.transport import ConnectFailed, PublishFailed
 
 
@@ -23,6 +23,9 @@ class FakeNet:
         self.up = True
         self.delivered: list[tuple[str, bytes]] = []
         self.max_packet = 10**9
+        self.refuse: dict[str, tuple[int, str]] = {}  # request id -> MQTT 5 negative PUBACK (code, reason)
+        self.mqtt5 = True  # whether the 'broker' accepts an MQTT 5 CONNECT
+        self.versions: list[bool] = []  # mqtt5 flag of each connection attempt
         self.drop_every = 0  # drop after every n-th processed message, if >= 2 triggers are unacknowledged
         self.processed = 0
         self.current: FakeConnection | None = None
@@ -37,8 +40,10 @@ NET = FakeNet()
 
 class FakeConnection:
     def __init__(self, *, client_id: str, username: Any, password: Any, keepalive_s: int, on_ack: Callable[[int], None],
-                 on_message: Callable[[str, bytes], None], on_lost: Callable[[Any, str], None]) -> None:
+                 on_message: Callable[[str, bytes], None], on_lost: Callable[[Any, str], None],
+                 mqtt5: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
+        self.mqtt5 = mqtt5
         self._on_ack, self._on_lost = on_ack, on_lost
         self._mids = count(1)
         self.pending = 0
@@ -48,8 +53,11 @@ class FakeConnection:
 
     async def open(self, host: str, port: int, timeout_s: float) -> None:
         await asyncio.sleep(0)
+        NET.versions.append(self.mqtt5)
         if not NET.up:
             raise ConnectFailed("refused")
+        if self.mqtt5 and not NET.mqtt5:
+            raise ConnectFailed("CONNACK refused: Unsupported protocol version", protocol_refused=True)
         self.connected = True
         NET.current = self
         NET.connections += 1
@@ -69,6 +77,12 @@ class FakeConnection:
         self.pending -= 1
         if len(payload) > NET.max_packet:
             self._drop("closed by broker: packet too large")
+            return
+        rid = json.loads(payload).get("request_id") if topic == "$SDV-FANOUT/trigger" else None
+        if self.mqtt5 and rid in NET.refuse:
+            self.triggers -= 1
+            code, reason = NET.refuse[rid]
+            self._loop.call_soon(self._on_ack, mid, code, reason)
             return
         NET.delivered.append((topic, payload))
         NET.processed += 1
@@ -260,3 +274,34 @@ async def test_request_id_the_cluster_rejects_is_refused_and_nothing_is_queued(
         ok = await client.submit(["A"], b"p", request_id="ok")
         await asyncio.wait_for(ok.acked(), 5)
     assert fake_net.triggers() == ["ok"] and fake_net.connections == 1
+
+
+async def test_mqtt5_negative_puback_rejects_only_its_submission_and_keeps_the_connection(tmp_path: Path,
+                                                                                           fake_net: FakeNet) -> None:
+    fake_net.refuse["bad"] = (0x99, "invalid_trigger: ids[0]: not a VIN")
+    async with make(tmp_path) as client:
+        good1 = await client.submit(["V1"], b"blob", request_id="good1")
+        bad = await client.submit(["V2"], b"blob", request_id="bad")
+        good2 = await client.submit(["V3"], b"blob", request_id="good2")
+        await asyncio.wait_for(asyncio.gather(good1.acked(), good2.acked()), 10)
+        with pytest.raises(FanoutRejected) as info:
+            await asyncio.wait_for(bad.acked(), 10)
+        assert (info.value.error, info.value.field, info.value.reason) == ("invalid_trigger", "ids[0]", "not a VIN")
+        assert info.value.detail["reason_code"] == 0x99 and info.value.attempts == 1
+        assert fake_net.connections == 1, "a negative PUBACK does not cost the connection"
+        assert sorted(fake_net.triggers()) == ["good1", "good2"]
+
+
+async def test_a_server_without_mqtt5_gets_mqtt_3_1_1(tmp_path: Path, fake_net: FakeNet) -> None:
+    fake_net.mqtt5 = False
+    async with make(tmp_path) as client:
+        h = await client.submit(["V1"], b"blob", request_id="r1")
+        await asyncio.wait_for(h.acked(), 10)
+    assert fake_net.versions == [True, False], "one MQTT 5 attempt, then 3.1.1 for good"
+
+
+async def test_mqtt_version_pinned_to_3_1_1_never_tries_mqtt5(tmp_path: Path, fake_net: FakeNet) -> None:
+    async with make(tmp_path, mqtt_version="3.1.1") as client:
+        h = await client.submit(["V1"], b"blob", request_id="r1")
+        await asyncio.wait_for(h.acked(), 10)
+    assert fake_net.versions == [False]
