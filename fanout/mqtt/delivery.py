@@ -21,7 +21,8 @@ Strategy: this is the per-message hot path, written for CPython speed:
   (MQTT-3.3.1-9) and RETAIN=1 only for retained messages replayed on subscribe (MQTT-3.3.1-8);
 - QoS 1/2 go through the session's inflight window (a count, and the session's byte bound with the
   queue); what does not fit (or finds the client offline) is queued in the session, bounded by count,
-  by the session's bytes and by the node's queued bytes, with counted drops (logged once per sweep by
+  by the session's bytes and by the node's queued bytes (offline sessions by their part of them), with
+  counted drops (logged once per sweep by
   :meth:`report_drops`; the byte bounds also as :mod:`caps` hits).
 """
 from __future__ import annotations
@@ -45,6 +46,9 @@ MATCH_CACHE_SIZE = 4096
 
 _U16 = struct.Struct(">H").pack
 _SENT = DeliverStatus.SENT
+# Session.drop_reason of a byte bound -> its name in caps.CAPS
+_BYTE_CAPS = {"mqtt.max_session_bytes": "session_bytes", "mqtt.max_queued_bytes": "queued_bytes",
+              "mqtt.offline_queued_fraction": "offline_queued_bytes"}
 _QUEUED = DeliverStatus.QUEUED
 
 
@@ -205,19 +209,34 @@ class Delivery:
     def queue(self, s: Session, m: OutMsg) -> DeliverStatus:
         """Queue ``m`` in the session, counting the drops its bounds make."""
         dropped = s.enqueue(m)
+        pressure = self._st.pressure
+        if pressure.engaged and s.conn is not None:
+            pressure.queued_for(s.conn)  # a paused connection that now has to acknowledge is read again
         if not dropped:
             return _QUEUED
+        self._count_drops(s, dropped)
+        return DeliverStatus.DROPPED if dropped[-1] is m else _QUEUED
+
+    def detach(self, s: Session) -> None:
+        """The session's connection ended: its queue moves to the offline part of the node budget, trimmed to
+        fit it by the offline drop policy (counted as any queue drop)."""
+        dropped = s.detach()
+        if dropped:
+            self._count_drops(s, dropped)
+
+    def _count_drops(self, s: Session, dropped: tuple[OutMsg, ...]) -> None:
+        """Count messages a session's bounds dropped, and report the tagged ones to the hooks."""
         st = self._st
         st.pub_dropped += len(dropped)
         st.drops_unreported.add(s)
         reason = s.drop_reason
         if reason != "mqtt.max_offline_messages":  # the byte bounds; the count bound is logged by report_drops
-            st.caps.hit("session_bytes" if reason == "mqtt.max_session_bytes" else "queued_bytes",
-                        client_id=s.client_id, session_bytes=s.bytes, queued_bytes=st.queue_budget.queued_bytes)
+            budget = st.queue_budget
+            st.caps.hit(_BYTE_CAPS[reason], client_id=s.client_id, session_bytes=s.bytes,
+                        online_queued_bytes=budget.online_bytes, offline_queued_bytes=budget.offline_bytes)
         for d in dropped:
             if d.tag is not None:
                 self._emit(DeliveryDropped(s.client_id, d.tag))
-        return DeliverStatus.DROPPED if dropped[-1] is m else _QUEUED
 
     def drain(self, s: Session) -> None:
         """Send queued messages while the window has room."""

@@ -199,7 +199,7 @@ class Lifecycle:
             conn.max_packet_size = self._max_platform_packet  # from the bytes after the CONNECT on
         conn.will = p.will
         conn.keepalive_ms = p.keepalive * 1500  # MQTT-3.1.2-24: 1.5 x keep alive
-        s.conn = conn
+        s.attach(conn)
         st.clients_connected += 1
         if st.clients_connected > st.clients_maximum:
             st.clients_maximum = st.clients_connected
@@ -276,7 +276,7 @@ class Lifecycle:
         kept = False
         tags: tuple[Any, ...] = ()
         if s.conn is conn:
-            s.conn = None
+            self._delivery.detach(s)
             if s.clean:
                 self.discard_session(s)
             else:

@@ -106,6 +106,11 @@ class SysStats:
             "$SYS/broker/retained messages/bytes": b.retained.bytes,
             "$SYS/broker/heap/current": rss_bytes(),
             "$SYS/broker/messages/queued/bytes": b.queue_budget.queued_bytes,
+            "$SYS/broker/messages/queued/online bytes": b.queue_budget.online_bytes,
+            "$SYS/broker/messages/queued/offline bytes": b.queue_budget.offline_bytes,
+            "$SYS/broker/backpressure/episodes": b.pressure.episodes,
+            "$SYS/broker/backpressure/pauses": b.pressure.pauses,
+            "$SYS/broker/backpressure/paused": len(b.pressure.paused),
             "$SYS/broker/publish/messages/denied_at_delivery": getattr(b, "deliveries_denied", 0),
         }
         for name, hits in b.caps.hits.items():
