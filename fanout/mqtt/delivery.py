@@ -13,8 +13,10 @@ Strategy: this is the per-message hot path, written for CPython speed:
 - ACL held at delivery: a session receives a message only if its principal may read the topic
   (``AccessControl.can_read``: the subscribe rules applied to the topic name, then the role's policy),
   whatever filter matched. Routed messages (client publishes, wills, ``$SYS``, forwards) are filtered
-  when the trie result is cached, so a cache hit costs nothing more; retained replay and
-  :meth:`Delivery.deliver` ask per message (a cached dict lookup). Refusals are counted
+  when the trie result is cached, so a cache hit costs nothing more; retained replay asks per message
+  (a cached dict lookup); :meth:`Delivery.deliver`, whose topics are all new (one per request id), asks once
+  per session and topic prefix when ``AccessControl.reads_every_topic_under`` says the answer holds for every
+  topic one level under it, else per message. Refusals are counted
   (``deliveries_denied``, ``$SYS/broker/publish/messages/denied at delivery``);
 - deliver at min(publish QoS, granted QoS), once per client even with overlapping subscriptions (the
   trie already returns the maximum granted QoS per client), with RETAIN=0 on routed messages
@@ -28,7 +30,7 @@ Strategy: this is the per-message hot path, written for CPython speed:
 from __future__ import annotations
 
 import struct
-from typing import Hashable, Iterable
+from typing import Any, Hashable, Iterable
 
 import structlog
 
@@ -61,6 +63,7 @@ class Delivery:
         self._emit = state.emit
         # ACL at delivery: None for an access-control object without read rules (an embedding's own)
         self._can_read = getattr(state.acl, "can_read", None)
+        self._reads_under = getattr(state.acl, "reads_every_topic_under", None)
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -348,13 +351,24 @@ class Delivery:
         Returns:
             A :class:`DeliverStatus`.
         """
-        s = self._st.sessions.get(client_id)
-        if s is None or s.conn is None:
+        st = self._st
+        s = st.sessions.get(client_id)
+        if s is None:
+            return DeliverStatus.NOT_CONNECTED
+        c = s.conn
+        if c is None:
             return DeliverStatus.NOT_CONNECTED
         principal = s.principal
-        if principal is not None and self._can_read is not None and not self._can_read(principal, topic):
-            self._st.deliveries_denied += 1
-            return DeliverStatus.NOT_SUBSCRIBED  # ACL at delivery: this principal may not read the topic
+        if principal is not None and self._can_read is not None:
+            # ACL at delivery, decided once per topic prefix when the ACL allows every topic one level under it
+            # (every fanout message has a topic of its own: a per-topic cache would never hit)
+            rp = s.read_prefix
+            if (rp is None or rp[0] is not principal or not rp[2] or not topic.startswith(rp[1])
+                    or topic.find("/", len(rp[1])) >= 0):
+                if not self._can_read(principal, topic):
+                    st.deliveries_denied += 1
+                    return DeliverStatus.NOT_SUBSCRIBED  # this principal may not read the topic
+                self._learn_read_prefix(s, principal, topic)
         if require_subscription:
             granted = -1
             if covering:
@@ -374,12 +388,45 @@ class Delivery:
             if granted < qos:
                 qos = granted
         if qos == 0:
-            self._write(s.conn, encode_publish(topic, payload, 0, False, False, None))
-            self._st.pub_sent += 1
+            self._write(c, encode_publish(topic, payload, 0, False, False, None))
+            st.pub_sent += 1
             if tag is not None:
                 self._emit(Delivered(client_id, tag, 0))
             return _SENT
-        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup))
+        m = OutMsg(topic, payload, qos, False, tag, dup)
+        inflight = s.inflight
+        limits = st.limits
+        if not s.queue and len(inflight) < limits.max_inflight and (s.bytes + m.size <= limits.max_bytes or not s.bytes):
+            # Session.window_open + send + BrokerState.write inlined: the fanout delivery of every message
+            pid = s.last_pid + 1
+            if pid > 0xFFFF or pid in inflight:
+                pid = s.alloc_pid()
+            else:
+                s.last_pid = pid
+            inflight[pid] = m
+            s.bytes += m.size
+            out = c.out
+            if not out:
+                dirty = st.dirty
+                if not dirty:
+                    st.wake()
+                dirty.append(c)
+            out.append(encode_publish(topic, payload, qos, False, dup, pid))
+            st.msgs_sent += 1
+            st.pub_sent += 1
+            return _SENT
+        return self.queue(s, m)
+
+    def _learn_read_prefix(self, s: Session, principal: Any, topic: str) -> None:
+        """After an allowed delivery: remember whether the ACL allows every topic one level under ``topic``'s
+        parent, so the next deliveries there skip the check (asked once per prefix and principal)."""
+        reads_under = self._reads_under
+        if reads_under is None:
+            return
+        prefix = topic[:topic.rfind("/") + 1]
+        rp = s.read_prefix
+        if rp is None or rp[0] is not principal or rp[1] != prefix:
+            s.read_prefix = (principal, prefix, bool(prefix) and reads_under(principal, prefix))
 
     def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
         """Publish to local subscribers only (a message forwarded from another node).

@@ -145,6 +145,7 @@ class Session:
     __slots__ = (
         "client_id", "clean", "limits", "budget", "subs", "inflight", "queue", "last_pid", "conn",
         "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms", "principal",
+        "read_prefix",
     )
 
     def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None,
@@ -153,6 +154,9 @@ class Session:
         # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
         # every message given to the session is checked against its read rights (ACL at delivery)
         self.principal = principal
+        # (principal, prefix, allowed): the ACL at delivery decided once for every topic prefix + one level
+        # (Delivery.deliver); stale as soon as the session's principal changes
+        self.read_prefix: tuple[Any, str, bool] | None = None
         self.clean = clean
         self.limits = limits
         self.budget = budget if budget is not None else QueueBudget()
