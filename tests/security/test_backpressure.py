@@ -95,8 +95,10 @@ def test_fast_publisher_is_paused_for_a_slow_subscriber(fanout_broker):
     assert got == [b"%06d" % i for i in range(count)], f"{count - len(got)} QoS 1 messages lost or reordered"
     assert took, "the publisher did not finish"
     time.sleep(1.5)  # the next $SYS publish
-    assert _sys(broker.port, "backpressure/pauses") >= 1
-    assert _sys(broker.port, "backpressure/episodes") >= 1
+    pauses, episodes = _sys(broker.port, "backpressure/pauses"), _sys(broker.port, "backpressure/episodes")
+    print(f"\n{count} x {PAYLOAD} B in {took[0]:.2f} s, {episodes} episodes, {pauses} pauses, "
+          f"RSS peak {rss.growth_mib:+.1f} MiB")
+    assert pauses >= 1 and episodes >= 1
     assert _sys(broker.port, "publish/messages/dropped") == 0
     assert _sys(broker.port, "limits/queued_bytes") == 0
     assert rss.growth_mib < BUDGET_MIB + 2 * SLACK_MIB, f"RSS peak grew {rss.growth_mib:.1f} MiB"
@@ -126,4 +128,5 @@ def test_offline_session_filling_its_part_pauses_nobody(fanout_broker):
     back.close()
     assert 1 <= len(kept) <= BUDGET_MIB * MiB // 4 // PAYLOAD
     assert kept == [b"%06d" % i for i in range(count - len(kept), count)]  # the newest kept (offline_drop oldest)
+    print(f"\n{count} x {PAYLOAD} B for an offline session: {len(kept)} kept, RSS peak {rss.growth_mib:+.1f} MiB")
     assert rss.growth_mib < BUDGET_MIB + 2 * SLACK_MIB, f"RSS peak grew {rss.growth_mib:.1f} MiB"
