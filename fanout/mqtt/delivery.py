@@ -397,7 +397,7 @@ class Delivery:
         inflight = s.inflight
         limits = st.limits
         if not s.queue and len(inflight) < limits.max_inflight and (s.bytes + m.size <= limits.max_bytes or not s.bytes):
-            # Session.window_open + send + BrokerState.write inlined: the fanout delivery of every message
+            # Session.window_open + send inlined: the fanout delivery of every message
             pid = s.last_pid + 1
             if pid > 0xFFFF or pid in inflight:
                 pid = s.alloc_pid()
@@ -405,14 +405,7 @@ class Delivery:
                 s.last_pid = pid
             inflight[pid] = m
             s.bytes += m.size
-            out = c.out
-            if not out:
-                dirty = st.dirty
-                if not dirty:
-                    st.wake()
-                dirty.append(c)
-            out.append(encode_publish(topic, payload, qos, False, dup, pid))
-            st.msgs_sent += 1
+            self._write(c, encode_publish(topic, payload, qos, False, dup, pid))
             st.pub_sent += 1
             return _SENT
         return self.queue(s, m)
