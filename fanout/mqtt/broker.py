@@ -241,8 +241,11 @@ class Broker:
         lifecycle.expire_sessions(now_ms)
         if st.drops_unreported:
             self._delivery.report_drops()
-        if st.pressure.paused:
-            st.pressure.tick(now_ms)
+        pressure = st.pressure
+        if pressure.engaged:
+            pressure.relieve(now_ms)  # queues freed without output (a session dropped) end an episode too
+        if pressure.paused:
+            pressure.tick(now_ms)
         lifecycle.forget_takeovers(now_ms)
 
     def flush(self) -> list[tuple[Connection, bytes]]:
