@@ -15,8 +15,8 @@ Strategy: this is the per-message hot path, written for CPython speed:
   whatever filter matched. Routed messages (client publishes, wills, ``$SYS``, forwards) are filtered
   when the trie result is cached, so a cache hit costs nothing more; retained replay asks per message
   (a cached dict lookup); :meth:`Delivery.deliver`, whose topics are all new (one per request id), asks once
-  per session and topic prefix when ``AccessControl.reads_every_topic_under`` says the answer holds for every
-  topic one level under it, else per message. Refusals are counted
+  per session and covering filter ``P/+`` when ``AccessControl.reads_every_topic_under`` says the answer holds
+  for every topic one level under ``P/``, else per message. Refusals are counted
   (``deliveries_denied``, ``$SYS/broker/publish/messages/denied at delivery``);
 - deliver at min(publish QoS, granted QoS), once per client even with overlapping subscriptions (the
   trie already returns the maximum granted QoS per client), with RETAIN=0 on routed messages
@@ -360,15 +360,16 @@ class Delivery:
             return DeliverStatus.NOT_CONNECTED
         principal = s.principal
         if principal is not None and self._can_read is not None:
-            # ACL at delivery, decided once per topic prefix when the ACL allows every topic one level under it
-            # (every fanout message has a topic of its own: a per-topic cache would never hit)
+            # ACL at delivery. Every fanout message has a topic of its own (a per-topic cache never hits), so it
+            # is decided once per covering filter ``P/+`` when the ACL allows every topic one level under ``P/``:
+            # the caller vouches that ``topic`` matches each covering filter, as for the subscription check.
             rp = s.read_prefix
-            if (rp is None or rp[0] is not principal or not rp[2] or not topic.startswith(rp[1])
-                    or topic.find("/", len(rp[1])) >= 0):
+            if rp is None or rp[0] is not principal or not rp[2] or covering is None or rp[1] not in covering:
                 if not self._can_read(principal, topic):
                     st.deliveries_denied += 1
                     return DeliverStatus.NOT_SUBSCRIBED  # this principal may not read the topic
-                self._learn_read_prefix(s, principal, topic)
+                if covering:
+                    self._learn_read_filter(s, principal, covering)
         if require_subscription:
             granted = -1
             if covering:
@@ -410,16 +411,19 @@ class Delivery:
             return _SENT
         return self.queue(s, m)
 
-    def _learn_read_prefix(self, s: Session, principal: Any, topic: str) -> None:
-        """After an allowed delivery: remember whether the ACL allows every topic one level under ``topic``'s
-        parent, so the next deliveries there skip the check (asked once per prefix and principal)."""
+    def _learn_read_filter(self, s: Session, principal: Any, covering: Iterable[str]) -> None:
+        """After an allowed delivery: remember whether the ACL allows every topic one level under a covering
+        filter ``P/+`` with no wildcard in ``P`` (asked once per filter and principal), so the next deliveries
+        it covers skip the check."""
         reads_under = self._reads_under
         if reads_under is None:
             return
-        prefix = topic[:topic.rfind("/") + 1]
         rp = s.read_prefix
-        if rp is None or rp[0] is not principal or rp[1] != prefix:
-            s.read_prefix = (principal, prefix, bool(prefix) and reads_under(principal, prefix))
+        for f in covering:
+            if f.endswith("/+") and "+" not in f[:-2]:  # P/ literal: a wildcard in P would stand for any level
+                if rp is None or rp[0] is not principal or rp[1] != f:
+                    s.read_prefix = (principal, f, reads_under(principal, f[:-1]))
+                return
 
     def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
         """Publish to local subscribers only (a message forwarded from another node).

@@ -154,7 +154,7 @@ class Session:
         # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
         # every message given to the session is checked against its read rights (ACL at delivery)
         self.principal = principal
-        # (principal, prefix, allowed): the ACL at delivery decided once for every topic prefix + one level
+        # (principal, filter P/+, allowed): the ACL at delivery decided once for every topic one level under P/
         # (Delivery.deliver); stale as soon as the session's principal changes
         self.read_prefix: tuple[Any, str, bool] | None = None
         self.clean = clean

@@ -1,5 +1,5 @@
-"""The ACL at delivery decided once per topic prefix (Delivery.deliver + AccessControl.reads_every_topic_under):
-it must decide exactly as can_read per topic would."""
+"""The ACL at delivery decided once per covering filter P/+ (Delivery.deliver +
+AccessControl.reads_every_topic_under): it must decide exactly as can_read per topic would."""
 from __future__ import annotations
 
 from fanout.config import AclRule
@@ -21,22 +21,32 @@ def test_prefix_decision_is_remembered_and_skips_the_check():
     calls = []
     can_read = net.broker._delivery._can_read
     net.broker._delivery._can_read = lambda p, t: calls.append(t) or can_read(p, t)
+    covering = ("agent/c1/proxy/request/+",)
     for i in range(5):
-        assert net.broker.deliver("c1", f"agent/c1/proxy/request/r{i}", b"x", 1, covering=None) is DeliverStatus.SENT
-    assert calls == ["agent/c1/proxy/request/r0"]  # decided for the prefix by the first
-    assert net.broker.session_of("c1").read_prefix[1:] == ("agent/c1/proxy/request/", True)
-    assert net.broker.deliver("c1", "agent/c1/proxy/request/r9/deeper", b"x", 1) is DeliverStatus.SENT
-    assert calls[-1] == "agent/c1/proxy/request/r9/deeper"  # two levels under: asked again
+        topic = f"agent/c1/proxy/request/r{i}"
+        assert net.broker.deliver("c1", topic, b"x", 1, require_subscription=False, covering=covering) is DeliverStatus.SENT
+    assert calls == ["agent/c1/proxy/request/r0"]  # decided for the filter by the first
+    assert net.broker.session_of("c1").read_prefix[1:] == ("agent/c1/proxy/request/+", True)
+    assert net.broker.deliver("c1", "agent/c1/other", b"x", 1) is DeliverStatus.SENT
+    assert calls[-1] == "agent/c1/other"  # no covering filter vouches for its shape: asked
+    assert net.broker.deliver("c1", "agent/c1/x/y", b"x", 1, covering=("agent/c1/#",)) is DeliverStatus.SENT
+    assert calls[-1] == "agent/c1/x/y"  # a multi-level filter decides nothing per prefix
+    n = len(calls)
+    for i in range(2):
+        net.broker.deliver("c1", f"agent/c1/y{i}", b"x", 1, covering=("agent/+/+",))
+    assert len(calls) == n + 2  # a wildcard in P/ stands for any level: never decided per prefix
 
 
 def test_a_rule_naming_the_last_level_is_held_per_topic():
     rules = (AclRule("subscribe", "agent/+/proxy/request/secret", False),)
     net = Net(acl=rules)
     _subscriber(net, "c1", "agent/c1/#")
-    assert net.broker.deliver("c1", "agent/c1/proxy/request/r1", b"x", 1) is DeliverStatus.SENT
+    cov = {"require_subscription": False, "covering": ("agent/c1/proxy/request/+",)}
+    deliver = net.broker.deliver
+    assert deliver("c1", "agent/c1/proxy/request/r1", b"x", 1, **cov) is DeliverStatus.SENT
     assert net.broker.session_of("c1").read_prefix[2] is False  # a rule applies: no decision per prefix
-    assert net.broker.deliver("c1", "agent/c1/proxy/request/secret", b"x", 1) is DeliverStatus.NOT_SUBSCRIBED
-    assert net.broker.deliver("c1", "agent/c1/proxy/request/r2", b"x", 1) is DeliverStatus.SENT
+    assert deliver("c1", "agent/c1/proxy/request/secret", b"x", 1, **cov) is DeliverStatus.NOT_SUBSCRIBED
+    assert deliver("c1", "agent/c1/proxy/request/r2", b"x", 1, **cov) is DeliverStatus.SENT
     assert net.broker.state.deliveries_denied == 1
 
 
