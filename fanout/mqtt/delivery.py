@@ -363,8 +363,7 @@ class Delivery:
             # ACL at delivery. Every fanout message has a topic of its own (a per-topic cache never hits), so it
             # is decided once per covering filter ``P/+`` when the ACL allows every topic one level under ``P/``:
             # the caller vouches that ``topic`` matches each covering filter, as for the subscription check.
-            rp = s.read_prefix
-            if rp is None or rp[0] is not principal or not rp[2] or covering is None or rp[1] not in covering:
+            if not s.read_ok or s.read_principal is not principal or covering is None or s.read_filter not in covering:
                 if not self._can_read(principal, topic):
                     st.deliveries_denied += 1
                     return DeliverStatus.NOT_SUBSCRIBED  # this principal may not read the topic
@@ -418,11 +417,10 @@ class Delivery:
         reads_under = self._reads_under
         if reads_under is None:
             return
-        rp = s.read_prefix
         for f in covering:
             if f.endswith("/+") and "+" not in f[:-2]:  # P/ literal: a wildcard in P would stand for any level
-                if rp is None or rp[0] is not principal or rp[1] != f:
-                    s.read_prefix = (principal, f, reads_under(principal, f[:-1]))
+                if s.read_principal is not principal or s.read_filter != f:
+                    s.read_principal, s.read_filter, s.read_ok = principal, f, reads_under(principal, f[:-1])
                 return
 
     def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:

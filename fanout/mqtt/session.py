@@ -145,7 +145,7 @@ class Session:
     __slots__ = (
         "client_id", "clean", "limits", "budget", "subs", "inflight", "queue", "last_pid", "conn",
         "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms", "principal",
-        "read_prefix",
+        "read_principal", "read_filter", "read_ok",
     )
 
     def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None,
@@ -154,9 +154,12 @@ class Session:
         # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
         # every message given to the session is checked against its read rights (ACL at delivery)
         self.principal = principal
-        # (principal, filter P/+, allowed): the ACL at delivery decided once for every topic one level under P/
-        # (Delivery.deliver); stale as soon as the session's principal changes
-        self.read_prefix: tuple[Any, str, bool] | None = None
+        # the ACL at delivery decided once for every topic one level under P/ of a covering filter P/+
+        # (Delivery.deliver): for which principal (stale once the session's principal changes), which filter,
+        # and the answer. Three slots, not a tuple: a tuple per session is one more object for every GC pass.
+        self.read_principal: Any = None
+        self.read_filter: str | None = None
+        self.read_ok = False
         self.clean = clean
         self.limits = limits
         self.budget = budget if budget is not None else QueueBudget()

@@ -26,7 +26,8 @@ def test_prefix_decision_is_remembered_and_skips_the_check():
         topic = f"agent/c1/proxy/request/r{i}"
         assert net.broker.deliver("c1", topic, b"x", 1, require_subscription=False, covering=covering) is DeliverStatus.SENT
     assert calls == ["agent/c1/proxy/request/r0"]  # decided for the filter by the first
-    assert net.broker.session_of("c1").read_prefix[1:] == ("agent/c1/proxy/request/+", True)
+    s = net.broker.session_of("c1")
+    assert (s.read_filter, s.read_ok) == ("agent/c1/proxy/request/+", True)
     assert net.broker.deliver("c1", "agent/c1/other", b"x", 1) is DeliverStatus.SENT
     assert calls[-1] == "agent/c1/other"  # no covering filter vouches for its shape: asked
     assert net.broker.deliver("c1", "agent/c1/x/y", b"x", 1, covering=("agent/c1/#",)) is DeliverStatus.SENT
@@ -44,7 +45,7 @@ def test_a_rule_naming_the_last_level_is_held_per_topic():
     cov = {"require_subscription": False, "covering": ("agent/c1/proxy/request/+",)}
     deliver = net.broker.deliver
     assert deliver("c1", "agent/c1/proxy/request/r1", b"x", 1, **cov) is DeliverStatus.SENT
-    assert net.broker.session_of("c1").read_prefix[2] is False  # a rule applies: no decision per prefix
+    assert net.broker.session_of("c1").read_ok is False  # a rule applies: no decision per prefix
     assert deliver("c1", "agent/c1/proxy/request/secret", b"x", 1, **cov) is DeliverStatus.NOT_SUBSCRIBED
     assert deliver("c1", "agent/c1/proxy/request/r2", b"x", 1, **cov) is DeliverStatus.SENT
     assert net.broker.state.deliveries_denied == 1
@@ -74,3 +75,16 @@ def test_prefix_decision_matches_can_read_for_every_role():
                 for last in ("r1", "", "WVW00000000000001", "secret"):
                     assert acl.can_read(p, prefix + last), (role, prefix, last)
     assert decided >= 8
+
+
+def test_a_new_principal_on_the_session_is_asked_again():
+    from fanout.mqtt.principals import Principal
+
+    net = Net()
+    _subscriber(net, "c1", "agent/c1/#")
+    cov = {"require_subscription": False, "covering": ("agent/c1/proxy/request/+",)}
+    assert net.broker.deliver("c1", "agent/c1/proxy/request/r1", b"x", 1, **cov) is DeliverStatus.SENT
+    s = net.broker.session_of("c1")
+    assert s.read_ok
+    s.principal = Principal(username=None, role="vehicle", client_id="OTHER")  # as a re-login with other rights
+    assert net.broker.deliver("c1", "agent/c1/proxy/request/r2", b"x", 1, **cov) is DeliverStatus.NOT_SUBSCRIBED
