@@ -91,6 +91,22 @@ def _size(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
     return parse
 
 
+def _fraction(lo: float = 0.0, hi: float = 1.0) -> Callable[[Any], float]:
+    def parse(v: Any) -> float:
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                raise ValueError(f"expected a number, got {v!r}") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"expected a number, got {v!r}")
+        if not lo <= v <= hi:
+            raise ValueError(f"must be between {lo} and {hi}, got {v}")
+        return float(v)
+
+    return parse
+
+
 def _topic_prefix(v: Any) -> str:
     s = _str()(v)
     if "{VIN}" not in s:
@@ -135,6 +151,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "offline_drop": Field("offline_drop", "oldest", _str(("oldest", "newest")), "which message a full offline queue drops (counted and logged)"),
         "max_session_bytes": Field("max_session_bytes", "16MiB", _size(1024), "bytes of messages one session holds, queued + in flight; past it offline_drop applies as past max_offline_messages (a session holding nothing still takes one message)"),
         "max_queued_bytes": Field("max_queued_bytes", "1GiB", _size(1024), "bytes of queued messages of all sessions of a node together; past it offline_drop applies"),
+        "offline_queued_fraction": Field("offline_queued_fraction", 0.25, _fraction(0.0, 0.9), "part of max_queued_bytes the queues of disconnected persistent sessions may hold together; past it offline_drop applies (the rest is for connected sessions, watched by the back-pressure)"),
+        "backpressure_high_fraction": Field("backpressure_high_fraction", 0.8, _fraction(0.01, 1.0), "when the queues of connected sessions hold this part of what max_queued_bytes leaves them, the node stops reading from publishing connections"),
+        "backpressure_low_fraction": Field("backpressure_low_fraction", 0.5, _fraction(0.0, 1.0), "reading from paused publishers resumes when those queues are back below this part (less than backpressure_high_fraction)"),
         "max_write_buffer": Field("max_write_buffer_bytes", "8MiB", _size(64 * 1024), "bytes waiting to be written to a client that does not read; past it the connection is closed (a persistent session stays, within max_session_bytes)"),
         "max_retained_messages": Field("max_retained_messages", 10_000, _int(0), "retained topics kept ($SYS excluded); a new retained topic past it is delivered but not retained"),
         "max_retained_bytes": Field("max_retained_bytes", "64MiB", _size(0), "topic + payload bytes of retained messages kept ($SYS excluded); a retained message that does not fit is delivered but not retained, and removes the topic's previous one"),
@@ -357,6 +376,9 @@ def _check_listeners(m: Section) -> None:
                           "mqtt.tls_cert: set tls_cert and tls_key together")
     if m.tls_client_auth != "none" and not m.tls_ca:
         raise ConfigError(f"mqtt.tls_ca: required when mqtt.tls_client_auth is {m.tls_client_auth!r}")
+    if m.backpressure_low_fraction >= m.backpressure_high_fraction:
+        raise ConfigError(f"mqtt.backpressure_low_fraction: {m.backpressure_low_fraction} must be less than "
+                          f"mqtt.backpressure_high_fraction ({m.backpressure_high_fraction})")
     ports = [(k, getattr(m, k)) for k in ("port", "tls_port", "ws_port", "wss_port") if getattr(m, k)]
     for i, (k, v) in enumerate(ports):
         for k2, v2 in ports[:i]:

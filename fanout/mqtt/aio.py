@@ -16,7 +16,10 @@ Strategy:
 - Authentication that may run PBKDF2 (a CONNECT with a user name when users are configured) runs in the
   default executor so a slow hash never stalls the loop; the socket is not read meanwhile
   (``pause_reading``), so a client cannot make the broker buffer what it sends before its CONNACK.
-- Back-pressure: ``pause_writing`` marks the connection; the broker then drops QoS 0 messages for it
+- Read back-pressure (:mod:`fanout.mqtt.backpressure`): the broker decides which connections to stop reading
+  from (publishers while the node's queues are over their high-water mark) and to read again; the adapter
+  applies the decisions right after the ``data_received`` that made them and after each flush.
+- Write back-pressure: ``pause_writing`` marks the connection; the broker then drops QoS 0 messages for it
   (counted) while QoS 1/2 stay bounded by the inflight window and the session queue. A client that does
   not read is disconnected and its transport aborted, which frees the buffer at once
   (:meth:`Broker.write_buffer_full`). "Does not read" is a write buffer over ``max_write_buffer_bytes``
@@ -105,7 +108,10 @@ class _MQTTProtocol(asyncio.Protocol):
         self._conn = conn
 
     def data_received(self, data: bytes) -> None:
-        self._server.broker.data_received(self._conn, data, int(_monotonic() * 1000))  # type: ignore[arg-type]
+        server = self._server
+        server.broker.data_received(self._conn, data, int(_monotonic() * 1000))  # type: ignore[arg-type]
+        if server._pressure.changes:  # back-pressure: stop reading before the loop hands over the next read
+            server._apply_read_changes(server.broker.read_changes())  # type: ignore[arg-type]
 
     def eof_received(self) -> bool:
         return False  # half-close: let the transport close; connection_lost follows
@@ -220,7 +226,10 @@ class _WebSocketProtocol(_MQTTProtocol):
         if out and raw is not None:
             raw.write(out)
         if mqtt:
-            self._server.broker.data_received(self._conn, mqtt, _now_ms())  # type: ignore[arg-type]
+            server = self._server
+            server.broker.data_received(self._conn, mqtt, _now_ms())  # type: ignore[arg-type]
+            if server._pressure.changes:
+                server._apply_read_changes(server.broker.read_changes())  # type: ignore[arg-type]
         if ws.closed and raw is not None and not raw.is_closing():
             log.info("websocket closed", peer=self._conn.peer if self._conn else None, reason=ws.close_reason)
             raw.close()
@@ -285,6 +294,7 @@ class MQTTServer:
             defer_auth=self._defer_auth if settings.users else None,
             on_output=self._schedule_flush, wheel_resolution_ms=int(sweep_interval_s * 1000),
         )
+        self._pressure = self.broker.pressure
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -413,7 +423,12 @@ class MQTTServer:
     def _flush(self) -> None:
         self._flush_scheduled = False
         max_buffer = self._max_write_buffer
-        for conn, data in self.broker.flush():
+        broker = self.broker
+        flushed = broker.flush()
+        changes = broker.read_changes()
+        if changes:
+            self._apply_read_changes(changes)
+        for conn, data in flushed:
             t = conn.transport
             if t is None:
                 continue
@@ -435,6 +450,17 @@ class MQTTServer:
                     t.write_eof()
                 else:
                     t.close()
+
+    @staticmethod
+    def _apply_read_changes(changes: dict[Connection, bool]) -> None:
+        """Pause or resume reading as the broker's back-pressure decided (:mod:`fanout.mqtt.backpressure`)."""
+        for conn, pause in changes.items():
+            t = conn.transport
+            if t is not None and conn.state < CLOSED and not t.is_closing():
+                if pause:
+                    t.pause_reading()
+                else:
+                    t.resume_reading()
 
     def _defer_auth(self, conn: Connection, fn: Callable[[], Any]) -> None:
         loop = self._loop

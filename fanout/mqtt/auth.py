@@ -453,6 +453,21 @@ class AccessControl:
             return True
         return self._cached(self._reads, self._decide_read, principal, topic)
 
+    def reads_every_topic_under(self, p: Principal, prefix: str) -> bool:
+        """Whether :meth:`can_read` allows ``p`` every topic ``prefix + x`` with ``x`` one level (no ``/``), so a
+        caller that delivers many such topics (a fanout request id per message) may decide once per prefix.
+
+        Conservative: False when a subscribe rule applies to ``p`` (a rule may name a last level) or the topics
+        are under ``$SDV-FANOUT/`` (the one readable topic there is exact). Otherwise the built-in policy reads
+        only ``startswith`` of prefixes ending in ``/`` of at most ``prefix``'s levels, which ``x`` cannot change.
+        """
+        if not prefix.endswith("/") or prefix.startswith(_FANOUT + "/"):
+            return False
+        for rule in self._subscribe_rules:
+            if (rule.role is None or rule.role == p.role) and (rule.user is None or rule.user == p.username):
+                return False
+        return self._decide_read(p, prefix + "x")
+
     def _decide_read(self, p: Principal, topic: str) -> bool:
         if p.role == "admin":
             builtin = True

@@ -147,6 +147,8 @@ class Broker:
         self.sys = SysStats(st, settings.sys_interval_ms, now_ms)
         # bytes a connection may send after its CONNECT before the CONNACK: what one read brought with it
         self._max_pre_auth = settings.max_connect_size_bytes + MAX_READ_BYTES
+        self._budget = st.queue_budget
+        self.pressure = self._pressure = st.pressure  # the adapter checks pressure.changes after each read
         delivery = self._delivery = Delivery(st)
         lifecycle = self._lifecycle = Lifecycle(st, delivery, defer_auth)
         inbound = self._inbound = Inbound(st, delivery, lifecycle)
@@ -209,6 +211,9 @@ class Broker:
                 handlers[p.__class__](conn, p)
                 if conn.state is not CONNECTED:
                     return
+            pressure = self._pressure
+            if self._budget.online_bytes > pressure.high_bytes:
+                pressure.after_read(conn, packets, now_ms)  # back-pressure: stop reading from publishers
             return
         # Slow path: CONNECTING (at most the CONNECT comes out), closed (nothing does), or a CONNACK held.
         if conn.held_output is not None and conn.state is CONNECTED:
@@ -268,6 +273,11 @@ class Broker:
         lifecycle.expire_sessions(now_ms)
         if st.drops_unreported:
             self._delivery.report_drops()
+        pressure = st.pressure
+        if pressure.engaged:
+            pressure.relieve(now_ms)  # queues freed without output (a session dropped) end an episode too
+        if pressure.paused:
+            pressure.tick(now_ms)
         lifecycle.forget_takeovers(now_ms)
         holds = st.holds
         if len(holds):
@@ -285,6 +295,8 @@ class Broker:
             then close the transport when ``connection.state >= CLOSED``.
         """
         st = self.state
+        if self._pressure.engaged:
+            self._pressure.relieve(st.now)  # the acknowledgements handled since the last flush may end it
         dirty = st.dirty
         result: list[tuple[Connection, bytes]] = []
         if dirty:
@@ -316,6 +328,12 @@ class Broker:
             except Exception:  # a failing hook must not lose the output collected above
                 log.exception("mqtt hooks.on_events failed", events=len(events))
         return result
+
+    def read_changes(self) -> dict[Connection, bool] | None:
+        """The back-pressure decisions since the last call (:mod:`backpressure`), after a flush: connection ->
+        True (stop reading from it) or False (read again); None when there are none."""
+        pressure = self._pressure
+        return pressure.take() if pressure.changes else None
 
     def auth_done(self, conn: Connection, result: Any, now_ms: int) -> None:
         """Finish a deferred authentication (see ``defer_auth``).

@@ -26,6 +26,7 @@ CAPS: dict[str, str] = {
     "subscriptions": "mqtt.max_subscriptions_per_client",
     "session_bytes": "mqtt.max_session_bytes",
     "queued_bytes": "mqtt.max_queued_bytes",
+    "offline_queued_bytes": "mqtt.offline_queued_fraction",
     "write_buffer": "mqtt.max_write_buffer",
     "retained_messages": "mqtt.max_retained_messages",
     "retained_bytes": "mqtt.max_retained_bytes",

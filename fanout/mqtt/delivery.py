@@ -13,15 +13,18 @@ Strategy: this is the per-message hot path, written for CPython speed:
 - ACL held at delivery: a session receives a message only if its principal may read the topic
   (``AccessControl.can_read``: the subscribe rules applied to the topic name, then the role's policy),
   whatever filter matched. Routed messages (client publishes, wills, ``$SYS``, forwards) are filtered
-  when the trie result is cached, so a cache hit costs nothing more; retained replay and
-  :meth:`Delivery.deliver` ask per message (a cached dict lookup). Refusals are counted
+  when the trie result is cached, so a cache hit costs nothing more; retained replay asks per message
+  (a cached dict lookup); :meth:`Delivery.deliver`, whose topics are all new (one per request id), asks once
+  per session and covering filter ``P/+`` when ``AccessControl.reads_every_topic_under`` says the answer holds
+  for every topic one level under ``P/``, else per message. Refusals are counted
   (``deliveries_denied``, ``$SYS/broker/publish/messages/denied at delivery``);
 - deliver at min(publish QoS, granted QoS), once per client even with overlapping subscriptions (the
   trie already returns the maximum granted QoS per client), with RETAIN=0 on routed messages
   (MQTT-3.3.1-9) and RETAIN=1 only for retained messages replayed on subscribe (MQTT-3.3.1-8);
 - QoS 1/2 go through the session's inflight window (a count, and the session's byte bound with the
   queue); what does not fit (or finds the client offline) is queued in the session, bounded by count,
-  by the session's bytes and by the node's queued bytes, with counted drops (logged once per sweep by
+  by the session's bytes and by the node's queued bytes (offline sessions by their part of them), with
+  counted drops (logged once per sweep by
   :meth:`report_drops`; the byte bounds also as :mod:`caps` hits).
 """
 from __future__ import annotations
@@ -48,6 +51,9 @@ MATCH_CACHE_SIZE = 4096
 
 _U16 = struct.Struct(">H").pack
 _SENT = DeliverStatus.SENT
+# Session.drop_reason of a byte bound -> its name in caps.CAPS
+_BYTE_CAPS = {"mqtt.max_session_bytes": "session_bytes", "mqtt.max_queued_bytes": "queued_bytes",
+              "mqtt.offline_queued_fraction": "offline_queued_bytes"}
 _QUEUED = DeliverStatus.QUEUED
 
 
@@ -61,6 +67,7 @@ class Delivery:
         # ACL at delivery: None for an access-control object without read rules (an embedding's own)
         self._can_read = getattr(state.acl, "can_read", None)
         self._retained_props: dict[str, MsgProps] = {}  # topic -> MQTT 5 properties of its retained message
+        self._reads_under = getattr(state.acl, "reads_every_topic_under", None)
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -298,19 +305,34 @@ class Delivery:
     def queue(self, s: Session, m: OutMsg) -> DeliverStatus:
         """Queue ``m`` in the session, counting the drops its bounds make."""
         dropped = s.enqueue(m)
+        pressure = self._st.pressure
+        if pressure.engaged and s.conn is not None:
+            pressure.queued_for(s.conn)  # a paused connection that now has to acknowledge is read again
         if not dropped:
             return _QUEUED
+        self._count_drops(s, dropped)
+        return DeliverStatus.DROPPED if dropped[-1] is m else _QUEUED
+
+    def detach(self, s: Session) -> None:
+        """The session's connection ended: its queue moves to the offline part of the node budget, trimmed to
+        fit it by the offline drop policy (counted as any queue drop)."""
+        dropped = s.detach()
+        if dropped:
+            self._count_drops(s, dropped)
+
+    def _count_drops(self, s: Session, dropped: tuple[OutMsg, ...]) -> None:
+        """Count messages a session's bounds dropped, and report the tagged ones to the hooks."""
         st = self._st
         st.pub_dropped += len(dropped)
         st.drops_unreported.add(s)
         reason = s.drop_reason
         if reason != "mqtt.max_offline_messages":  # the byte bounds; the count bound is logged by report_drops
-            st.caps.hit("session_bytes" if reason == "mqtt.max_session_bytes" else "queued_bytes",
-                        client_id=s.client_id, session_bytes=s.bytes, queued_bytes=st.queue_budget.queued_bytes)
+            budget = st.queue_budget
+            st.caps.hit(_BYTE_CAPS[reason], client_id=s.client_id, session_bytes=s.bytes,
+                        online_queued_bytes=budget.online_bytes, offline_queued_bytes=budget.offline_bytes)
         for d in dropped:
             if d.tag is not None:
                 self._emit(DeliveryDropped(s.client_id, d.tag))
-        return DeliverStatus.DROPPED if dropped[-1] is m else _QUEUED
 
     def drain(self, s: Session) -> None:
         """Send queued messages while the window has room."""
@@ -440,13 +462,24 @@ class Delivery:
         Returns:
             A :class:`DeliverStatus`.
         """
-        s = self._st.sessions.get(client_id)
-        if s is None or s.conn is None:
+        st = self._st
+        s = st.sessions.get(client_id)
+        if s is None:
+            return DeliverStatus.NOT_CONNECTED
+        c = s.conn
+        if c is None:
             return DeliverStatus.NOT_CONNECTED
         principal = s.principal
-        if principal is not None and self._can_read is not None and not self._can_read(principal, topic):
-            self._st.deliveries_denied += 1
-            return DeliverStatus.NOT_SUBSCRIBED  # ACL at delivery: this principal may not read the topic
+        if principal is not None and self._can_read is not None:
+            # ACL at delivery. Every fanout message has a topic of its own (a per-topic cache never hits), so it
+            # is decided once per covering filter ``P/+`` when the ACL allows every topic one level under ``P/``:
+            # the caller vouches that ``topic`` matches each covering filter, as for the subscription check.
+            if not s.read_ok or s.read_principal is not principal or covering is None or s.read_filter not in covering:
+                if not self._can_read(principal, topic):
+                    st.deliveries_denied += 1
+                    return DeliverStatus.NOT_SUBSCRIBED  # this principal may not read the topic
+                if covering:
+                    self._learn_read_filter(s, principal, covering)
         if require_subscription:
             granted = -1
             if covering:
@@ -466,15 +499,47 @@ class Delivery:
             if granted < qos:
                 qos = granted
         if qos == 0:
-            data = self._publish(s.conn, OutMsg(topic, payload, 0, False, None, False, props), 0, False)
-            if data is None:
-                return DeliverStatus.DROPPED
-            self._write(s.conn, data)
-            self._st.pub_sent += 1
+            if c.v5 is None and props is None:
+                self._write(c, encode_publish(topic, payload, 0, False, False, None))
+            else:
+                data = self._publish(c, OutMsg(topic, payload, 0, False, None, False, props), 0, False)
+                if data is None:
+                    return DeliverStatus.DROPPED
+                self._write(c, data)
+            st.pub_sent += 1
             if tag is not None:
                 self._emit(Delivered(client_id, tag, 0))
             return _SENT
-        return self.send_msg(s, OutMsg(topic, payload, qos, False, tag, dup, props))
+        m = OutMsg(topic, payload, qos, False, tag, dup, props)
+        if c.v5 is not None or props is not None:
+            return self.send_msg(s, m)  # per-connection encoding, expiry, the client's Receive Maximum
+        inflight = s.inflight
+        if not s.queue and len(inflight) < s.inflight_cap and (s.bytes + m.size <= st.limits.max_bytes or not s.bytes):
+            # Session.window_open + send inlined for MQTT 3.1.1: the fanout delivery of every message
+            pid = s.last_pid + 1
+            if pid > 0xFFFF or pid in inflight:
+                pid = s.alloc_pid()
+            else:
+                s.last_pid = pid
+            inflight[pid] = m
+            s.bytes += m.size
+            self._write(c, encode_publish(topic, payload, qos, False, dup, pid))
+            st.pub_sent += 1
+            return _SENT
+        return self.queue(s, m)
+
+    def _learn_read_filter(self, s: Session, principal: Any, covering: Iterable[str]) -> None:
+        """After an allowed delivery: remember whether the ACL allows every topic one level under a covering
+        filter ``P/+`` with no wildcard in ``P`` (asked once per filter and principal), so the next deliveries
+        it covers skip the check."""
+        reads_under = self._reads_under
+        if reads_under is None:
+            return
+        for f in covering:
+            if f.endswith("/+") and "+" not in f[:-2]:  # P/ literal: a wildcard in P would stand for any level
+                if s.read_principal is not principal or s.read_filter != f:
+                    s.read_principal, s.read_filter, s.read_ok = principal, f, reads_under(principal, f[:-1])
+                return
 
     def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                       properties: Any = None) -> int:

@@ -245,7 +245,7 @@ class Lifecycle:
             connack = encode_connack5(present, 0, props)
             st.v5_connected += 1
         conn.keepalive_ms = keepalive * 1500  # MQTT-3.1.2-24: 1.5 x keep alive
-        s.conn = conn
+        s.attach(conn)
         st.clients_connected += 1
         if st.clients_connected > st.clients_maximum:
             st.clients_maximum = st.clients_connected
@@ -368,7 +368,7 @@ class Lifecycle:
         kept = False
         tags: tuple[Any, ...] = ()
         if s.conn is conn:
-            s.conn = None
+            self._delivery.detach(s)
             if s.clean:
                 self.discard_session(s)
             else:

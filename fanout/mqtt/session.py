@@ -12,7 +12,8 @@ decides *when* to call them and does the encoding and the writing. What lives he
 - the queue: QoS 1/2 messages that could not be sent (client offline, or window full), in arrival
   order, bounded by ``limits.max_queued`` messages, by ``limits.max_bytes`` for the session (queued + in
   flight) and by the node-wide :class:`QueueBudget` shared by every session of a broker (queued bytes of
-  all sessions). When a message does not fit, ``limits.drop_oldest`` selects what is dropped: the oldest
+  all sessions; offline sessions' queues have their own part of it, trimmed to it when a connection ends,
+  and the connected ones are kept under it by the read back-pressure of :mod:`backpressure`). When a message does not fit, ``limits.drop_oldest`` selects what is dropped: the oldest
   queued messages until it fits, or the new one. A session holding nothing accepts one message of any
   size, so a message bigger than the session bound is still delivered to a client that keeps up. Every
   drop is counted here (``dropped``, ``dropped_unreported`` and the bound in ``drop_reason``); the
@@ -101,16 +102,38 @@ class SessionLimits:
 class QueueBudget:
     """The node-wide bound on queued bytes, shared by every session of one broker (``mqtt.max_queued_bytes``).
 
+    The queued bytes are accounted in two parts, by whether their session has a live connection: a session's
+    queue counts as ``online_bytes`` while it is connected and as ``offline_bytes`` while not (moved at
+    :meth:`Session.attach` / :meth:`Session.detach`). Offline queues may hold ``offline_max_bytes`` together
+    (``mqtt.offline_queued_fraction`` of the bound; past it the offline drop policy applies), so the rest of
+    the bound is left to the queues of connected sessions, whose fill the read back-pressure
+    (:mod:`backpressure`) watches: persistent sessions nobody comes back for cannot hold it.
+
     Attributes:
-        max_bytes: the bound.
-        queued_bytes: bytes of the messages queued (not in flight) in all sessions now.
+        max_bytes: the bound (online + offline).
+        offline_max_bytes: the part offline queues may hold.
+        online_bytes: bytes queued (not in flight) in connected sessions now.
+        offline_bytes: bytes queued in sessions without a connection now.
     """
 
-    __slots__ = ("max_bytes", "queued_bytes")
+    __slots__ = ("max_bytes", "offline_max_bytes", "online_bytes", "offline_bytes")
 
-    def __init__(self, max_bytes: int = sys.maxsize) -> None:
+    def __init__(self, max_bytes: int = sys.maxsize, offline_max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
-        self.queued_bytes = 0
+        self.offline_max_bytes = max_bytes if offline_max_bytes is None else offline_max_bytes
+        self.online_bytes = 0
+        self.offline_bytes = 0
+
+    @classmethod
+    def from_settings(cls, settings: MQTTSettings) -> "QueueBudget":
+        """Build from the broker's :class:`MQTTSettings`."""
+        total = settings.max_queued_bytes
+        return cls(total, int(total * settings.offline_queued_fraction))
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the messages queued (not in flight) in all sessions now."""
+        return self.online_bytes + self.offline_bytes
 
 
 class Session:
@@ -127,7 +150,7 @@ class Session:
     __slots__ = (
         "client_id", "clean", "limits", "budget", "subs", "inflight", "queue", "last_pid", "conn",
         "inbound_qos2", "bytes", "dropped", "dropped_unreported", "drop_reason", "disconnected_ms", "principal",
-        "opts", "expiry_ms", "inflight_cap",
+        "opts", "expiry_ms", "inflight_cap", "read_principal", "read_filter", "read_ok",
     )
 
     def __init__(self, client_id: str, clean: bool, limits: SessionLimits, budget: QueueBudget | None = None,
@@ -136,6 +159,12 @@ class Session:
         # the principal that made this session (fanout.mqtt.auth.Principal): it alone resumes it, and
         # every message given to the session is checked against its read rights (ACL at delivery)
         self.principal = principal
+        # the ACL at delivery decided once for every topic one level under P/ of a covering filter P/+
+        # (Delivery.deliver): for which principal (stale once the session's principal changes), which filter,
+        # and the answer. Three slots, not a tuple: a tuple per session is one more object for every GC pass.
+        self.read_principal: Any = None
+        self.read_filter: str | None = None
+        self.read_ok = False
         self.clean = clean
         self.limits = limits
         self.budget = budget if budget is not None else QueueBudget()
@@ -206,26 +235,26 @@ class Session:
         if q is None:
             q = self.queue = deque()
         size = msg.size
-        reason = self._over(len(q), size)
+        online = self.conn is not None
+        reason = self._over(len(q), size, online)
         if reason is None:
             q.append(msg)
             self.bytes += size
-            self.budget.queued_bytes += size
+            self._account(size, online)
             return ()
         dropped: list[OutMsg] = []
         if self.limits.drop_oldest:
-            budget = self.budget
             while q and reason is not None:
                 old = q.popleft()
                 self.bytes -= old.size
-                budget.queued_bytes -= old.size
+                self._account(-old.size, online)
                 dropped.append(old)
                 self.drop_reason = reason
-                reason = self._over(len(q), size)
+                reason = self._over(len(q), size, online)
             if reason is None:
                 q.append(msg)
                 self.bytes += size
-                budget.queued_bytes += size
+                self._account(size, online)
         if reason is not None:
             dropped.append(msg)
             self.drop_reason = reason
@@ -235,7 +264,14 @@ class Session:
         self.dropped_unreported += len(dropped)
         return tuple(dropped)
 
-    def _over(self, queued: int, size: int) -> str | None:
+    def _account(self, delta: int, online: bool) -> None:
+        """Add ``delta`` queued bytes to the node budget's online or offline part."""
+        if online:
+            self.budget.online_bytes += delta
+        else:
+            self.budget.offline_bytes += delta
+
+    def _over(self, queued: int, size: int, online: bool) -> str | None:
         """The bound a new queued message of ``size`` bytes would break (setting name), or None."""
         limits = self.limits
         if queued >= limits.max_queued:
@@ -243,9 +279,53 @@ class Session:
         if self.bytes + size > limits.max_bytes and self.bytes:
             return "mqtt.max_session_bytes"
         budget = self.budget
-        if budget.queued_bytes + size > budget.max_bytes:
+        if budget.online_bytes + budget.offline_bytes + size > budget.max_bytes:
             return "mqtt.max_queued_bytes"
+        if not online and budget.offline_bytes + size > budget.offline_max_bytes:
+            return "mqtt.offline_queued_fraction"
         return None
+
+    def attach(self, conn: Any) -> None:
+        """A connection takes the session: what it has queued now counts in the node's online bytes."""
+        if self.conn is None and self.queue:
+            n = sum(m.size for m in self.queue)
+            self.budget.offline_bytes -= n
+            self.budget.online_bytes += n
+        self.conn = conn
+
+    def detach(self) -> tuple[OutMsg, ...]:
+        """The connection ended: the queue counts in the node's offline bytes, trimmed (oldest or newest
+        first, per ``limits.drop_oldest``) to fit the offline part of the budget unless the session is
+        clean (it is discarded next).
+
+        Returns:
+            The messages dropped to fit (counted in ``dropped``, ``drop_reason`` set), oldest first.
+        """
+        q = self.queue
+        self.conn = None
+        if not q:
+            return ()
+        budget = self.budget
+        n = sum(m.size for m in q)
+        budget.online_bytes -= n
+        budget.offline_bytes += n
+        if self.clean or budget.offline_bytes <= budget.offline_max_bytes:
+            return ()
+        dropped: list[OutMsg] = []
+        take = q.popleft if self.limits.drop_oldest else q.pop
+        while q and budget.offline_bytes > budget.offline_max_bytes:
+            m = take()
+            self.bytes -= m.size
+            budget.offline_bytes -= m.size
+            dropped.append(m)
+        if not q:
+            self.queue = None
+        if not self.limits.drop_oldest:
+            dropped.reverse()
+        self.drop_reason = "mqtt.offline_queued_fraction"
+        self.dropped += len(dropped)
+        self.dropped_unreported += len(dropped)
+        return tuple(dropped)
 
     def next_sendable(self) -> OutMsg | None:
         """Pop the oldest queued message when connected and the window has room, else None (pass it to
@@ -253,7 +333,7 @@ class Session:
         q = self.queue
         if q and self.conn is not None and len(self.inflight) < self.inflight_cap:
             msg = q.popleft()
-            self.budget.queued_bytes -= msg.size
+            self.budget.online_bytes -= msg.size
             self.bytes -= msg.size  # send() counts it again, in flight
             if not q:
                 self.queue = None
@@ -311,10 +391,11 @@ class Session:
         q = self.queue
         if q:
             kept = [m for m in q if not stale(m)]
+            online = self.conn is not None
             for m in q:
                 if stale(m):
                     self.bytes -= m.size
-                    self.budget.queued_bytes -= m.size
+                    self._account(-m.size, online)
             n += len(q) - len(kept)
             q.clear()
             q.extend(kept)
@@ -350,7 +431,7 @@ class Session:
         """Drop every held message (inflight and queued); return how many there were."""
         n = len(self.inflight) + self.queued_count()
         if self.queue:
-            self.budget.queued_bytes -= sum(m.size for m in self.queue)
+            self._account(-sum(m.size for m in self.queue), self.conn is not None)
         self.inflight.clear()
         self.queue = None
         self.bytes = 0

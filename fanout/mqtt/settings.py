@@ -76,6 +76,10 @@ class MQTTSettings:
         auth_queue: PBKDF2 verifications waiting or running before a newcomer is refused.
         max_session_bytes: bytes of messages one session holds, queued + in flight.
         max_queued_bytes: bytes of queued messages of all sessions together.
+        offline_queued_fraction: part of ``max_queued_bytes`` the queues of disconnected sessions may hold.
+        backpressure_high_fraction: fill (of what offline queues leave of ``max_queued_bytes``) of the connected
+            sessions' queues at which reading from publishing connections stops.
+        backpressure_low_fraction: fill at which it resumes (below ``backpressure_high_fraction``).
         max_write_buffer_bytes: bytes waiting to be written to one client before it is disconnected.
         max_retained_messages: retained topics kept (``$SYS`` excluded).
         max_retained_bytes: topic + payload bytes of retained messages kept (``$SYS`` excluded).
@@ -116,6 +120,9 @@ class MQTTSettings:
     auth_queue: int
     max_session_bytes: int
     max_queued_bytes: int
+    offline_queued_fraction: float
+    backpressure_high_fraction: float
+    backpressure_low_fraction: float
     max_write_buffer_bytes: int
     max_retained_messages: int
     max_retained_bytes: int

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .backpressure import ReadPressure
 from .caps import CapCounters
 from .connack_hold import ConnackHolds
 from .connection import Connection
@@ -43,6 +44,7 @@ class BrokerState:
     Attributes:
         limits: the bounds every session applies (:class:`SessionLimits`).
         queue_budget: the node-wide bound on queued bytes, shared by every session.
+        pressure: the read back-pressure that keeps the queues of connected sessions under that bound.
         sessions: client id -> :class:`Session` (live and offline).
         connections: live connections (accepted, not yet lost).
         trie: subscriptions (filter -> client id -> granted QoS).
@@ -64,7 +66,7 @@ class BrokerState:
     """
 
     __slots__ = (
-        "settings", "acl", "hooks", "limits", "queue_budget", "sessions", "connections", "trie", "retained", "offline",
+        "settings", "acl", "hooks", "limits", "queue_budget", "pressure", "sessions", "connections", "trie", "retained", "offline",
         "match_cache", "wheel", "dirty", "events", "wake", "drops_unreported", "now",
         "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
@@ -79,7 +81,8 @@ class BrokerState:
         self.acl = acl
         self.hooks = hooks
         self.limits = SessionLimits.from_settings(settings)
-        self.queue_budget = QueueBudget(settings.max_queued_bytes)
+        self.queue_budget = QueueBudget.from_settings(settings)
+        self.pressure = ReadPressure.from_settings(self.queue_budget, settings, lambda: self.wake())
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()

@@ -199,18 +199,54 @@ def test_offline_session_is_bounded_by_bytes():
     assert snap["$SYS/broker/messages/queued/bytes"] == s.bytes and snap["$SYS/broker/limits/session_bytes"] == 6
 
 
-def test_node_budget_bounds_all_queues_together():
-    net = Net(mqtt={"max_queued_bytes": "3000B", "max_session_bytes": "1MiB"})
+def test_offline_queues_are_bounded_by_their_part_of_the_node_budget():
+    net = Net(mqtt={"max_queued_bytes": "3000B", "offline_queued_fraction": 0.5, "max_session_bytes": "1MiB"})
     a, b = _offline_subscriber(net, "a", "t/a"), _offline_subscriber(net, "b", "t/b")
     pub = net.client()
     pub.connect("p")
-    pub.send(Publish("t/a", b"a" * 1000, 1, packet_id=1), Publish("t/a", b"a" * 1000, 1, packet_id=2))
-    pub.send(Publish("t/b", b"b" * 1000, 1, packet_id=3))  # 3 x 1003 > 3000: b has nothing to give up
-    assert b.queued_count() == 0 and a.queued_count() == 2 and _hits(net)["queued_bytes"] == 1
-    assert net.broker.state.queue_budget.queued_bytes == 2006
+    pub.send(Publish("t/a", b"a" * 600, 1, packet_id=1), Publish("t/a", b"a" * 600, 1, packet_id=2))
+    pub.send(Publish("t/b", b"b" * 600, 1, packet_id=3))  # 3 x 603 > 1500: b has nothing to give up
+    assert b.queued_count() == 0 and a.queued_count() == 2 and _hits(net)["offline_queued_bytes"] == 1
+    budget = net.broker.state.queue_budget
+    assert budget.queued_bytes == budget.offline_bytes == 1206 and budget.online_bytes == 0
     a_conn = net.client()
     a_conn.connect("a", clean=False)  # resumed: its queue goes in flight, out of the node budget
-    assert net.broker.state.queue_budget.queued_bytes == 0 and a.bytes == 2006
+    assert budget.queued_bytes == 0 and a.bytes == 1206
+
+
+def test_node_budget_bounds_online_and_offline_queues_together():
+    net = Net(mqtt={"max_queued_bytes": "3000B", "offline_queued_fraction": 0.5, "max_session_bytes": "1MiB",
+                    "max_inflight": 1})
+    _offline_subscriber(net, "off", "t/off")
+    slow = net.client()
+    slow.connect("slow")
+    slow.subscribe(("t/on", 1))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(Publish("t/off", b"o" * 1000, 1, packet_id=1))  # offline part: 1005 of 1500
+    pub.send(*[Publish("t/on", b"n" * 480, 1, packet_id=i + 2) for i in range(5)])  # 1 in flight, 4 queued
+    budget = net.broker.state.queue_budget
+    assert budget.offline_bytes == 1005 and budget.online_bytes == 4 * 484 and _hits(net)["queued_bytes"] == 0
+    pub.send(Publish("t/on", b"n" * 480, 1, packet_id=9))  # 1005 + 5 x 484 > 3000: the oldest queued goes
+    assert budget.online_bytes == 4 * 484 and budget.queued_bytes <= 3000 and _hits(net)["queued_bytes"] == 1
+
+
+def test_a_session_going_offline_is_trimmed_to_the_offline_part():
+    net = Net(mqtt={"max_queued_bytes": "4000B", "offline_queued_fraction": 0.25, "max_session_bytes": "1MiB",
+                    "max_inflight": 1})
+    sub = net.client()
+    sub.connect("s", clean=False)
+    sub.subscribe(("t", 1))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(*[Publish("t", b"%d" % i + b"x" * 299, 1, packet_id=i + 1) for i in range(6)])  # 1 in flight, 5 queued
+    budget = net.broker.state.queue_budget
+    assert budget.online_bytes == 5 * 301
+    sub.drop()  # 1505 bytes queued > the offline part (1000): the oldest are dropped to fit
+    s = net.broker.session_of("s")
+    assert budget.online_bytes == 0 and budget.offline_bytes == 3 * 301 <= 1000
+    assert [m.payload[:1] for m in s.queue] == [b"3", b"4", b"5"]
+    assert net.broker.pub_dropped == 2 and _hits(net)["offline_queued_bytes"] == 1
 
 
 def test_tagged_delivery_dropped_by_bytes_is_reported():

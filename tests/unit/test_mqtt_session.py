@@ -178,7 +178,7 @@ def test_node_budget_is_shared_and_counts_queued_bytes_only():
     m, oldest = _big(3, 200), b.queue[0]
     assert b.enqueue(m) == (oldest,)
     assert b.drop_reason == "mqtt.max_queued_bytes" and budget.queued_bytes == 800  # b dropped its oldest for it
-    a.conn = object()
+    a.attach(object())  # connected: its queue moves to the online part
     sent = a.next_sendable()
     a.send(sent)
     assert budget.queued_bytes == 200 and a.bytes == 600  # in flight: out of the node budget, in the session's
