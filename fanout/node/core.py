@@ -158,7 +158,7 @@ class NodeCore(BrokerHooks):
             elif t is Heartbeat:
                 self._heartbeat(e)
             elif t is LocalPublish:
-                if self.routes.forward(e.topic, e.payload, e.qos, e.retain):
+                if self.routes.forward(e.topic, e.payload, e.qos, e.retain, e.properties):
                     woke = True
             elif t is IngestTicket:
                 self._tickets.append(e)
@@ -382,7 +382,7 @@ class NodeCore(BrokerHooks):
         if self.broker is None:
             return 0
         publish = self.broker.publish_local
-        return sum(publish(topic, payload, qos, retain) for topic, payload, qos, retain in messages)
+        return sum(publish(topic, payload, qos, retain, properties=props) for topic, payload, qos, retain, props in messages)
 
     def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
         """Close connections taken over on another node, and drop the fanout messages their sessions keep.
