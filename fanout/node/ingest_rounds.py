@@ -224,7 +224,7 @@ class IngestRounds:
         t0 = time.perf_counter()
         work = await self._validate(tickets, outcomes)
         if not work:
-            return outcomes
+            return self._for_protocol(tickets, outcomes)
         t1 = time.perf_counter()
         now = self._wall()
         blobs = [w for w in work if w.data_id is not None]
@@ -263,9 +263,14 @@ class IngestRounds:
                 self.rejected += 1
         if controls:  # answered last: a status question sees the triggers published before it in the round
             await self._answer(controls, outcomes)
+        return self._for_protocol(tickets, outcomes)
+
+    @staticmethod
+    def _for_protocol(tickets: Sequence[IngestTicket], outcomes: list[Any]) -> list[Any]:
+        """``outcomes`` with the reason codes left out of 3.1.1 error bodies (the errors topic's JSON as before)."""
         for t, o in zip(tickets, outcomes):
             if t.properties is None and type(o) is dict:
-                o.pop("reason_code", None)  # 3.1.1: the error topic's JSON stays as it was
+                o.pop("reason_code", None)
         return outcomes
 
     # -- steps --------------------------------------------------------------------------------------

@@ -216,6 +216,12 @@ async def test_a_full_store_is_0x97_and_a_3_1_1_error_body_has_no_reason_code(tm
         (error,) = p3.publishes()
         body = json.loads(error.payload)
         assert body["error"] == "unavailable" and "reason_code" not in body and p3.closed
+        p4 = c.platform("platform-4")
+        p4.subscribe("$SDV-FANOUT/errors/platform-4")
+        p4.send(Publish("$SDV-FANOUT/trigger", b"not json", 1, False, False, 1))  # alone in its round
+        await c.pump()
+        (error,) = p4.publishes()
+        assert json.loads(error.payload)["field"] == "payload" and "reason_code" not in json.loads(error.payload)
     finally:
         c.close()
 
