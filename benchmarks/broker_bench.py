@@ -385,8 +385,8 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     p = result["params"]
 
     n = p["subscribers"]
-    v5_groups = ["v5 1 -> 1", "v5 alias 1 -> 1", f"v5 1 -> {n:,}", f"v5 alias 1 -> {n:,}"]
-    grouped_bars(axes[0][0], ["1 -> 1 (lean client)", f"1 -> {n:,} (lean client)", "1 -> 1 (paho-mqtt)", *v5_groups],
+    v5_groups = ["MQTT 5\n1 -> 1", "MQTT 5 aliases\n1 -> 1", f"MQTT 5\n1 -> {n:,}", f"MQTT 5 aliases\n1 -> {n:,}"]
+    grouped_bars(axes[0][0], ["1 -> 1\n(lean client)", f"1 -> {n:,}\n(lean client)", "1 -> 1\n(paho-mqtt)", *v5_groups],
                  series(["throughput_1to1_msg_s", "throughput_1toN_msg_s", "paho_throughput_1to1_msg_s",
                          *(f"throughput_{label}_msg_s" for label in V5_LABELS)]),
                  ylabel="QoS 1 messages / s (log)", log=True,
