@@ -296,7 +296,7 @@ class ConnectionNode:
         """Publishes from a peer's clients (:class:`fanout.records.Forward` tuples), delivered locally only."""
         if self.server is None:
             return 0
-        return self.edge.apply_forwards(messages)
+        return self.edge.apply_forwards(unpack_batch(messages))
 
     async def peer_down(self, node_id: str) -> None:
         """Forget a dead peer's routes."""
@@ -404,7 +404,8 @@ class ConnectionNode:
 
     async def _send_forwards(self, node: str, handle: Any, messages: list[tuple]) -> None:
         try:
-            await handle.forward.remote(self.node_id, messages)
+            # packed: Ray's msgpack would turn the MQTT 5 Properties (a NamedTuple) into a plain list
+            await handle.forward.remote(self.node_id, pack_batch(messages))
         except Exception as exc:
             log.warning("forward to peer failed", peer=node, messages=len(messages), error=str(exc)[:200])
         finally:

@@ -11,6 +11,11 @@ Figures per system:
 - (d) RSS per idle connection: broker RSS after M CONNECTed idle clients (M = 10,000 in full mode) minus
   before, divided by M, on a freshly started broker.
 - One paho-mqtt figure for (a), to show what a typical Python client gets.
+- MQTT 5 rows (this broker and Mosquitto; amqtt speaks 3.1.1 only): (a), (b) and (c) again with MQTT 5 clients
+  (``v5_*``), and with topic aliases (``v5alias_*``: the publisher sends each topic once, then its alias; each
+  subscriber accepts 16 aliases from the broker). Both brokers allow :data:`TOPIC_ALIAS_MAXIMUM` aliases per
+  client, so every topic of (b) gets one. An MQTT 5 publisher keeps at most the broker's Receive Maximum
+  unacknowledged (Mosquitto announces its ``max_inflight_messages``), fewer than the 3.1.1 publisher's window.
 
 Strategy: the load generator (:mod:`benchmarks.loadgen`) is one asyncio (uvloop) process using the
 project's codec on raw sockets, identical for every broker: the publisher keeps a window of ``WINDOW``
@@ -41,7 +46,7 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
-from .harness.peers import INFLIGHT_WINDOW, SYSTEMS, PeerBroker
+from .harness.peers import FANOUT_BROKER_CONFIG, INFLIGHT_WINDOW, SYSTEMS, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
 from .harness.processes import CLK_TCK, raise_nofile_limit, wait_for_quiet
 from .harness.report import at_least, at_most, ratio
@@ -57,7 +62,8 @@ NAME = "broker_bench"
 MIN_CPU_TICKS = 50
 WARMUP_MAX_S = 3.0  # warm-up traffic before each measured run stops after this long
 
-TARGETS = {"throughput_vs_mosquitto_min": 0.8, "cpu_us_per_msg_max": 15.0, "rss_per_conn_bytes_max": 6144}
+TARGETS = {"throughput_vs_mosquitto_min": 0.8, "cpu_us_per_msg_max": 15.0, "rss_per_conn_bytes_max": 6144,
+           "v5_cpu_vs_v311_max": 1.1}
 
 # Every figure each system must have (the quick-mode test checks them).
 FIGURES: tuple[str, ...] = (
@@ -65,10 +71,19 @@ FIGURES: tuple[str, ...] = (
     "cpu_us_per_msg_1to1", "cpu_us_per_msg_1toN", "rss_per_conn_bytes",
     "latency_1to1_p50_ms", "latency_1to1_p99_ms", "latency_1toN_p50_ms", "latency_1toN_p99_ms",
 )
+# The MQTT 5 figures, for the systems that speak it.
+V5_SYSTEMS: tuple[str, ...] = ("fanout", "mosquitto")
+V5_LABELS: tuple[str, ...] = ("v5_1to1", "v5alias_1to1", "v5_1toN", "v5alias_1toN")
+V5_FIGURES: tuple[str, ...] = tuple(f"{kind}_{label}{unit}" for label in V5_LABELS
+                                    for kind, unit in (("throughput", "_msg_s"), ("cpu_us_per_msg", "")))
+TOPIC_ALIAS_MAXIMUM = 1024  # both brokers: enough for every topic of (b)
+SUBSCRIBER_TOPIC_ALIASES = 16  # what an MQTT 5 subscriber accepts from the broker
 RATIOS: tuple[str, ...] = (
     "throughput_1to1_vs_mosquitto", "throughput_1toN_vs_mosquitto", "paho_throughput_1to1_vs_mosquitto",
     "cpu_us_per_msg_vs_mosquitto", "cpu_us_per_msg_1toN_vs_mosquitto", "rss_per_conn_vs_mosquitto",
     "throughput_1to1_vs_amqtt", "throughput_1toN_vs_amqtt", "cpu_us_per_msg_vs_amqtt", "rss_per_conn_vs_amqtt",
+    *(f"{kind}_{label}_vs_mosquitto" for label in V5_LABELS for kind in ("throughput", "cpu_us_per_msg")),
+    *(f"cpu_us_per_msg_{label}_vs_v311" for label in V5_LABELS),
 )
 
 
@@ -145,35 +160,47 @@ async def _pump(broker: PeerBroker, pub: LeanClient, tally: Tally, count: int, t
     }
 
 
-async def scenario_1to1(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
+def _version(label: str) -> dict[str, Any]:
+    """The LeanClient options of a run label: ``1to1`` (3.1.1), ``v5_1to1`` (MQTT 5), ``v5alias_1to1`` (MQTT 5
+    with topic aliases)."""
+    if label.startswith("v5alias_"):
+        return {"mqtt5": True, "topic_aliases": TOPIC_ALIAS_MAXIMUM}
+    return {"mqtt5": label.startswith("v5_")}
+
+
+async def scenario_1to1(broker: PeerBroker, sizes: Sizes, label: str = "1to1") -> dict[str, Any]:
     """(a) + (c): one publisher, one subscriber, one topic."""
     tally = Tally()
-    sub = await connect(broker.host, broker.port, lambda: LeanClient("bench-sub", tally), STALL_S)
-    pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub"), STALL_S)
+    opts = _version(label)
+    sub_opts = {**opts, "topic_aliases": SUBSCRIBER_TOPIC_ALIASES} if opts.get("topic_aliases") else opts
+    sub = await connect(broker.host, broker.port, lambda: LeanClient("bench-sub", tally, **sub_opts), STALL_S)
+    pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub", **opts), STALL_S)
     try:
         await sub.subscribe("bench/one", STALL_S)
         topics = [b"bench/one"]
         await _pump(broker, pub, tally, sizes.warmup, topics, "warmup", WARMUP_MAX_S)
-        return await _pump(broker, pub, tally, sizes.messages_1to1, topics, "1to1", sizes.max_run_s)
+        return await _pump(broker, pub, tally, sizes.messages_1to1, topics, label, sizes.max_run_s)
     finally:
         close_all([pub, sub])
 
 
-async def scenario_1toN(broker: PeerBroker, sizes: Sizes) -> dict[str, Any]:
+async def scenario_1toN(broker: PeerBroker, sizes: Sizes, label: str = "1toN") -> dict[str, Any]:
     """(b) + (c): one publisher, N subscribers on distinct topics, round robin."""
     tally = Tally()
     n = sizes.subscribers
     progress = [0]
-    factories = [lambda i=i: LeanClient(f"bench-sub-{i}", tally) for i in range(n)]
+    opts = _version(label)
+    sub_opts = {**opts, "topic_aliases": SUBSCRIBER_TOPIC_ALIASES} if opts.get("topic_aliases") else opts
+    factories = [lambda i=i: LeanClient(f"bench-sub-{i}", tally, **sub_opts) for i in range(n)]
     subs = await connect_many(broker.host, broker.port, factories, progress)
     clients = list(subs)
     try:
         await asyncio.gather(*(s.subscribe(f"bench/fan/{i}", STALL_S) for i, s in enumerate(subs)))
-        pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub"), STALL_S)
+        pub = await connect(broker.host, broker.port, lambda: LeanClient("bench-pub", **opts), STALL_S)
         clients.append(pub)
         topics = [f"bench/fan/{i}".encode() for i in range(n)]
         await _pump(broker, pub, tally, max(sizes.warmup, n), topics, "warmup", WARMUP_MAX_S)
-        return await _pump(broker, pub, tally, sizes.messages_1toN, topics, "1toN", sizes.max_run_s)
+        return await _pump(broker, pub, tally, sizes.messages_1toN, topics, label, sizes.max_run_s)
     finally:
         close_all(clients)
 
@@ -216,7 +243,8 @@ def _attempt(system: str, what: str, figures: dict[str, Any], errors: dict[str, 
         log(NAME, f"{system:9s} {what}: FAILED {errors[what]}")
         return
     figures.update(got)
-    shown = {k: v for k, v in got.items() if k in FIGURES or k.startswith(("connects_per_s", "other_cpu_share"))}
+    shown = {k: v for k, v in got.items()
+             if k in FIGURES or k in V5_FIGURES or k.startswith(("connects_per_s", "other_cpu_share"))}
     log(NAME, f"{system:9s} {what} ({time.monotonic() - t0:.1f} s): "
          + ", ".join(f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
 
@@ -232,11 +260,17 @@ def bench_round(system: str, sizes: Sizes) -> dict[str, Any]:
     if sizes.quiet_wait_s > 0:
         figures["machine_busy_pct_before"] = wait_for_quiet(sizes.quiet_wait_s)
     try:
-        with PeerBroker(system) as broker:
+        with PeerBroker(system, fanout_config=f"{FANOUT_BROKER_CONFIG}topic_alias_maximum = {TOPIC_ALIAS_MAXIMUM}\n",
+                        mosquitto_extra=f"max_topic_alias {TOPIC_ALIAS_MAXIMUM}\n") as broker:
             figures["version"] = broker.version()
             _attempt(system, "1to1", figures, errors, lambda: run_async(scenario_1to1(broker, sizes)))
             _attempt(system, "paho_1to1", figures, errors, lambda: _paho(broker, sizes))
             _attempt(system, "1toN", figures, errors, lambda: run_async(scenario_1toN(broker, sizes)))
+            if system in V5_SYSTEMS:
+                for label in V5_LABELS:
+                    scenario = scenario_1to1 if label.endswith("1to1") else scenario_1toN
+                    _attempt(system, label, figures, errors,
+                             lambda scenario=scenario, label=label: run_async(scenario(broker, sizes, label)))
     except Exception as exc:  # broker did not start (e.g. Mosquitto not installed)
         errors["broker"] = f"{type(exc).__name__}: {exc}"
         log(NAME, f"{system:9s} FAILED {errors['broker']}")
@@ -277,8 +311,8 @@ def aggregate(rounds: list[dict[str, Any]], idle: dict[str, Any]) -> dict[str, A
     out.update({k: v for k, v in idle.items() if k != "errors"})
     for key in FIGURES:
         out.setdefault(key, None)
-    out = {k: out[k] for k in sorted(out, key=lambda k: (k not in FIGURES, k))}
-    out["rounds"] = [{k: r.get(k) for k in FIGURES if k in r} for r in rounds]
+    out = {k: out[k] for k in sorted(out, key=lambda k: (k not in FIGURES, k not in V5_FIGURES, k))}
+    out["rounds"] = [{k: r.get(k) for k in (*FIGURES, *V5_FIGURES) if k in r} for r in rounds]
     errors = {f"round{i + 1}.{k}": v for i, r in enumerate(rounds) for k, v in r.get("errors", {}).items()}
     errors.update({f"idle.{k}": v for k, v in idle.get("errors", {}).items()})
     if errors:
@@ -298,6 +332,8 @@ _RATIO_DEFS: dict[str, tuple[str, str]] = {
     "throughput_1toN_vs_amqtt": ("throughput_1toN_msg_s", "amqtt"),
     "cpu_us_per_msg_vs_amqtt": ("cpu_us_per_msg_1to1", "amqtt"),
     "rss_per_conn_vs_amqtt": ("rss_per_conn_bytes", "amqtt"),
+    **{f"{kind}_{label}_vs_mosquitto": (f"{kind}_{label}{unit}", "mosquitto")
+       for label in V5_LABELS for kind, unit in (("throughput", "_msg_s"), ("cpu_us_per_msg", ""))},
 }
 
 
@@ -315,6 +351,11 @@ def compute_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, float | None
                   for a, b in zip(ours.get("rounds", []), theirs.get("rounds", []))]
         values = [v for v in paired if v is not None]
         out[name] = statistics.median(values) if values else ratio(ours.get(key), theirs.get(key), digits=None)
+    for label in V5_LABELS:  # MQTT 5 CPU per message over 3.1.1's, this broker, same round and load shape
+        v311 = "cpu_us_per_msg_1to1" if label.endswith("1to1") else "cpu_us_per_msg_1toN"
+        paired = [ratio(r.get(f"cpu_us_per_msg_{label}"), r.get(v311), digits=None) for r in ours.get("rounds", [])]
+        values = [v for v in paired if v is not None]
+        out[f"cpu_us_per_msg_{label}_vs_v311"] = statistics.median(values) if values else None
     return {k: out[k] for k in RATIOS}
 
 
@@ -329,21 +370,29 @@ def check_targets(systems: dict[str, dict[str, Any]], ratios: dict[str, float | 
         "cpu_us_per_msg_1to1_le_15": at_most(ours.get("cpu_us_per_msg_1to1"), TARGETS["cpu_us_per_msg_max"]),
         "cpu_us_per_msg_1toN_le_15": at_most(ours.get("cpu_us_per_msg_1toN"), TARGETS["cpu_us_per_msg_max"]),
         "rss_per_conn_le_6KiB": at_most(ours.get("rss_per_conn_bytes"), TARGETS["rss_per_conn_bytes_max"]),
+        # issue 13: MQTT 5 costs at most 10 % more CPU per message than 3.1.1, and >= 0.8x Mosquitto's MQTT 5
+        **{f"cpu_us_per_msg_{label}_le_1.1x_v311": at_most(ratios[f"cpu_us_per_msg_{label}_vs_v311"],
+                                                            TARGETS["v5_cpu_vs_v311_max"]) for label in V5_LABELS},
+        **{f"throughput_{label}_ge_0.8x_mosquitto": at_least(ratios[f"throughput_{label}_vs_mosquitto"],
+                                                             TARGETS["throughput_vs_mosquitto_min"]) for label in V5_LABELS},
     }
 
 
 def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     """Grouped bars per scenario per system: throughput, CPU per message, RSS per connection, latency."""
-    fig, axes = pyplot().subplots(2, 2, figsize=(12, 8))
+    fig, axes = pyplot().subplots(2, 2, figsize=(16, 8))
     series = functools.partial(system_series, result["systems"])
     p = result["params"]
 
     n = p["subscribers"]
-    grouped_bars(axes[0][0], ["1 -> 1 (lean client)", f"1 -> {n:,} (lean client)", "1 -> 1 (paho-mqtt)"],
-                 series(["throughput_1to1_msg_s", "throughput_1toN_msg_s", "paho_throughput_1to1_msg_s"]),
+    v5_groups = ["MQTT 5\n1 -> 1", "MQTT 5 aliases\n1 -> 1", f"MQTT 5\n1 -> {n:,}", f"MQTT 5 aliases\n1 -> {n:,}"]
+    grouped_bars(axes[0][0], ["1 -> 1\n(lean client)", f"1 -> {n:,}\n(lean client)", "1 -> 1\n(paho-mqtt)", *v5_groups],
+                 series(["throughput_1to1_msg_s", "throughput_1toN_msg_s", "paho_throughput_1to1_msg_s",
+                         *(f"throughput_{label}_msg_s" for label in V5_LABELS)]),
                  ylabel="QoS 1 messages / s (log)", log=True,
                  title="End-to-end QoS 1 throughput (higher is better; target fanout >= 0.8x mosquitto)")
-    grouped_bars(axes[0][1], ["1 -> 1", f"1 -> {n:,}"], series(["cpu_us_per_msg_1to1", "cpu_us_per_msg_1toN"]),
+    grouped_bars(axes[0][1], ["1 -> 1", f"1 -> {n:,}", *v5_groups],
+                 series(["cpu_us_per_msg_1to1", "cpu_us_per_msg_1toN", *(f"cpu_us_per_msg_{label}" for label in V5_LABELS)]),
                  ylabel="broker CPU us / routed message", title="Broker CPU per routed QoS 1 message (lower is better)",
                  target=TARGETS["cpu_us_per_msg_max"], target_label="target 15 us", fmt="{:,.1f}", log=True)
     grouped_bars(axes[1][0], [f"{p['idle_connections']:,} idle connections"], series(["rss_per_conn_bytes"], 1 / 1024),

@@ -7,7 +7,11 @@ broker and at most ``MAX_UNDELIVERED`` not yet received by the subscribers (refi
 ``data_received`` as PUBACKs or deliveries arrive, one ``write`` per refill); a subscriber PUBACKs every
 QoS 1 PUBLISH a read returned in one ``write`` (PUBACK bytes are prebuilt per packet id) and counts it
 in a shared :class:`Tally`. Each payload starts with the send time (``perf_counter_ns``), so
-end-to-end latency needs no extra packets. Every wait is bounded by progress (:func:`bounded`,
+end-to-end latency needs no extra packets. With ``mqtt5=True`` a client speaks MQTT 5: its publisher keeps at
+most the server's Receive Maximum unacknowledged (when lower than ``WINDOW``) and, with ``topic_aliases``, sends
+each topic once with a Topic Alias (within the server's Topic Alias Maximum) and then the alias alone; a
+subscriber with ``topic_aliases`` announces that many as its Topic Alias Maximum, so the broker may alias too
+(the generator reads only payloads). A PUBACK with reason code 0 is the same 4 bytes in both versions. Every wait is bounded by progress (:func:`bounded`,
 :func:`wait_progress`): a run that stops moving for ``STALL_S`` seconds raises ``TimeoutError``
 instead of hanging. The same code drives every broker, so the generator's own cost is the same for
 all of them. :func:`paho_1to1` drives the same 1 -> 1 load through paho-mqtt clients.
@@ -21,7 +25,11 @@ import time
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from fanout.mqtt.codec import PacketReader, encode, encode_puback, encode_publish
+from fanout.mqtt.encoder5 import encode_publish5
 from fanout.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe
+from fanout.mqtt.packets5 import Connack5, Connect5, Puback5, Publish5, Suback5, Subscribe5, Subscription
+from fanout.mqtt.properties import EMPTY_PROPERTIES, Properties
+from fanout.mqtt.property_block import topic_alias_property
 
 T = TypeVar("T")
 
@@ -80,14 +88,25 @@ class Tally:
 
 
 class LeanClient(asyncio.Protocol):
-    """One raw MQTT connection on the project's codec; PUBACKs QoS 1 PUBLISHes as it reads them."""
+    """One raw MQTT connection on the project's codec; PUBACKs QoS 1 PUBLISHes as it reads them.
 
-    def __init__(self, client_id: str, tally: Tally | None = None, keepalive: int = 300) -> None:
+    Args:
+        mqtt5: speak MQTT 5 instead of 3.1.1.
+        topic_aliases: MQTT 5 only: topic aliases to use (publisher) and to accept (subscriber); 0 = none.
+    """
+
+    def __init__(self, client_id: str, tally: Tally | None = None, keepalive: int = 300, *, mqtt5: bool = False,
+                 topic_aliases: int = 0) -> None:
         loop = asyncio.get_running_loop()
         self.client_id = client_id
         self.tally = tally
         self.keepalive = keepalive
-        self.reader = PacketReader()
+        self.mqtt5 = mqtt5
+        self.topic_aliases = topic_aliases if mqtt5 else 0
+        self.window = WINDOW  # lowered to the server's Receive Maximum (MQTT 5)
+        self.server_aliases = 0  # the server's Topic Alias Maximum (MQTT 5)
+        self._parts: list[tuple[bytes, bytes]] = []  # per topic: (topic or b"" once aliased, properties body)
+        self.reader = PacketReader(protocol_level=5 if mqtt5 else 4)
         self.transport: asyncio.Transport | None = None
         self.connack: asyncio.Future[int] = loop.create_future()
         self.suback: asyncio.Future[tuple[int, ...]] | None = None
@@ -101,7 +120,11 @@ class LeanClient(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        connect = Connect(self.client_id, clean_session=True, keepalive=self.keepalive)
+        if self.mqtt5:
+            props = Properties(topic_alias_maximum=self.topic_aliases) if self.topic_aliases else EMPTY_PROPERTIES
+            connect: Any = Connect5(self.client_id, True, self.keepalive, properties=props)
+        else:
+            connect = Connect(self.client_id, clean_session=True, keepalive=self.keepalive)
         self.transport.write(encode(connect))  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -118,20 +141,27 @@ class LeanClient(asyncio.Protocol):
         now = _now_ns()
         for p in self.reader.feed(data):
             tp = type(p)
-            if tp is Publish:
+            if tp is Publish or tp is Publish5:
                 if p.qos:
                     acks.append(_PUBACKS[p.packet_id])  # type: ignore[index]
                 if tally is not None:
                     tally.latencies_ns.append(now - _TS.unpack_from(p.payload)[0])  # type: ignore[attr-defined]
                     tally.received += 1
-            elif tp is Puback:
+            elif tp is Puback or tp is Puback5:
                 pubacks += 1
             elif tp is Connack:
                 if not self.connack.done():
                     self.connack.set_result(p.return_code)  # type: ignore[attr-defined]
-            elif tp is Suback:
+            elif tp is Connack5:
+                props = p.properties  # type: ignore[attr-defined]
+                self.window = min(WINDOW, props.receive_maximum or 65535)
+                self.server_aliases = props.topic_alias_maximum or 0
+                if not self.connack.done():
+                    self.connack.set_result(p.reason_code)  # type: ignore[attr-defined]
+            elif tp is Suback or tp is Suback5:
                 if self.suback is not None and not self.suback.done():
-                    self.suback.set_result(p.return_codes)  # type: ignore[attr-defined]
+                    codes = p.return_codes if tp is Suback else p.reason_codes  # type: ignore[attr-defined]
+                    self.suback.set_result(tuple(codes))
         if acks:
             self.transport.write(b"".join(acks))  # type: ignore[union-attr]
         if pubacks:
@@ -146,7 +176,8 @@ class LeanClient(asyncio.Protocol):
 
     async def subscribe(self, topic: str, timeout: float) -> None:
         self.suback = asyncio.get_running_loop().create_future()
-        self.transport.write(encode(Subscribe(1, ((topic, 1),))))  # type: ignore[union-attr]
+        sub = Subscribe5(1, (Subscription(topic, 1),)) if self.mqtt5 else Subscribe(1, ((topic, 1),))
+        self.transport.write(encode(sub))  # type: ignore[union-attr]
         codes = await asyncio.wait_for(self.suback, timeout)
         if codes != (1,):
             raise RuntimeError(f"{self.client_id}: SUBACK {codes} for {topic!r}, expected (1,)")
@@ -157,6 +188,9 @@ class LeanClient(asyncio.Protocol):
         At most ``WINDOW`` are unacknowledged by the broker and at most ``MAX_UNDELIVERED`` are not yet
         counted by ``delivered`` (the subscribers' tally, armed by the caller).
         """
+        if self.mqtt5 and topics is not self.topics:  # the aliases set on this connection so far stay valid
+            aliases = min(self.topic_aliases, self.server_aliases)
+            self._parts = [(t, topic_alias_property(k + 1) if k < aliases else b"") for k, t in enumerate(topics)]
         self.topics = topics
         self.base = self.sent
         self.limit = self.sent + count
@@ -177,7 +211,7 @@ class LeanClient(asyncio.Protocol):
         out: list[bytes] = []
         sent, limit, topics = self.sent, self.limit, self.topics
         n_topics = len(topics)
-        room = min(WINDOW - self.outstanding, limit - sent)
+        room = min(self.window - self.outstanding, limit - sent)
         delivered = self.delivered
         if delivered is not None:
             undelivered = sent - self.base - delivered.received
@@ -186,8 +220,17 @@ class LeanClient(asyncio.Protocol):
                 self.blocked = room <= 0
         if room > 0:
             ts = _TS.pack(_now_ns()) + _PAD
-            for i in range(sent, sent + room):
-                out.append(encode_publish(topics[i % n_topics], ts, 1, False, False, i % 65535 + 1))
+            if self.mqtt5:
+                parts = self._parts
+                for i in range(sent, sent + room):
+                    k = i % n_topics
+                    topic, props = parts[k]
+                    out.append(encode_publish5(topic, ts, 1, False, False, i % 65535 + 1, props))
+                    if props and topic:
+                        parts[k] = (b"", props)  # the alias is set: later publishes carry it alone
+            else:
+                for i in range(sent, sent + room):
+                    out.append(encode_publish(topics[i % n_topics], ts, 1, False, False, i % 65535 + 1))
             self.sent = sent + room
             self.outstanding += room
             self.transport.write(b"".join(out))  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ ConnectionNode -> Dispatcher ingest: ``put_blobs([BlobItem])`` and ``ingest([Ing
 ingest item carries the shard's VINs as ONE string joined by :data:`VIN_SEPARATOR` (a million VINs pickle
 as one 18 MB string in milliseconds; a list of a million ``str`` takes ~20x longer).
 
-ConnectionNode -> ConnectionNode ``forward(node_id, [Forward])``: publishes for a peer's subscribers.
+ConnectionNode -> ConnectionNode ``forward(node_id, pack_batch([Forward]))``: publishes for a peer's subscribers.
 
 Both hot calls carry ONE ``bytes`` argument made by :func:`pack_batch` (C ``pickle``): Ray serialises a
 list of tuples through msgpack with a cloudpickle fallback per element, which cost ~10-20 % of each
@@ -241,16 +241,20 @@ class IngestItem(NamedTuple):
 # -- ConnectionNode -> ConnectionNode -------------------------------------------------------------------------
 
 class Forward(NamedTuple):
-    """A local publish forwarded to a peer node, delivered there to local subscribers only."""
+    """A local publish forwarded to a peer node, delivered there to local subscribers only.
+
+    ``properties``: its MQTT 5 properties (``fanout.mqtt.properties.Properties``), None for a 3.1.1 publish.
+    """
 
     topic: str
     payload: bytes
     qos: int
     retain: bool
+    properties: Any
 
     @staticmethod
-    def build(topic: str, payload: bytes, qos: int, retain: bool) -> tuple:
-        return (topic, payload, qos, retain)
+    def build(topic: str, payload: bytes, qos: int, retain: bool, properties: Any = None) -> tuple:
+        return (topic, payload, qos, retain, properties)
 
 
 WIRE_RECORDS: tuple[type, ...] = (

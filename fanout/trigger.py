@@ -67,16 +67,20 @@ class TriggerError(ValueError):
         reason: human-readable explanation.
         request_id: the trigger's request_id when it was already valid, else None (for correlation).
         code: machine-readable error kind, ``"invalid_trigger"`` or ``"invalid_data"``.
+        over_limit: the input is well-formed but over a configured bound (``fanout.max_batch`` VINs, the blob
+            size limit): MQTT 5 platforms get 0x97 Quota exceeded for it instead of 0x99.
     """
 
     def __init__(
-        self, field: str, reason: str, *, request_id: str | None = None, code: str = "invalid_trigger"
+        self, field: str, reason: str, *, request_id: str | None = None, code: str = "invalid_trigger",
+        over_limit: bool = False,
     ) -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
         self.request_id = request_id
         self.code = code
+        self.over_limit = over_limit
 
     def to_json(self) -> bytes:
         """The error body published on ``$SDV-FANOUT/errors/<client_id>``.
@@ -250,7 +254,8 @@ def _check_ids(
     if not ids:
         raise TriggerError("ids", "must not be empty", request_id=request_id)
     if len(ids) > max_batch:
-        raise TriggerError("ids", f"{len(ids)} VINs, more than the limit of {max_batch}", request_id=request_id)
+        raise TriggerError("ids", f"{len(ids)} VINs, more than the limit of {max_batch}", request_id=request_id,
+                           over_limit=True)
     if not _bulk_ok(ids, strict):
         index, reason = _first_bad_vin(ids, strict)
         raise TriggerError(f"ids[{index}]", reason, request_id=request_id)
@@ -341,7 +346,8 @@ def validate_blob(payload: bytes, max_size_bytes: int) -> None:
         raise TriggerError("payload", "empty data blob", code="invalid_data")
     if len(payload) > max_size_bytes:
         raise TriggerError(
-            "payload", f"blob of {len(payload)} bytes exceeds the limit of {max_size_bytes}", code="invalid_data"
+            "payload", f"blob of {len(payload)} bytes exceeds the limit of {max_size_bytes}", code="invalid_data",
+            over_limit=True,
         )
 
 

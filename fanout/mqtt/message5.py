@@ -29,10 +29,25 @@ from typing import Any
 
 from .encoder import encode_publish
 from .encoder5 import encode_publish5
-from .properties import EMPTY_PROPERTIES, Properties
+from .properties import EMPTY_PROPERTIES, Properties, unchecked_properties
 from .property_block import (
     encode_properties_body, message_expiry_property, subscription_identifier_property, topic_alias_property,
 )
+
+
+_FIELDS = Properties._fields
+_EXPIRY, _ALIAS, _SUB_IDS, _WILL_DELAY = (_FIELDS.index(n) for n in (
+    "message_expiry_interval", "topic_alias", "subscription_identifiers", "will_delay_interval"))
+
+
+def _without(props: Properties, indexes: tuple[int, ...]) -> Properties:
+    """``props`` with the fields at ``indexes`` absent. The values left were validated when ``props`` was
+    built, so they are not checked again (``Properties.replace`` re-validates all 27 fields: ~17 us against
+    ~1 us here, paid by every aliased PUBLISH)."""
+    values = list(props)
+    for i in indexes:
+        values[i] = () if i == _SUB_IDS else None
+    return unchecked_properties(values)
 
 
 class MsgProps:
@@ -76,8 +91,7 @@ def message_props(props: Properties, now_ms: int) -> MsgProps | None:
     kept = props
     if expiry is not None or props.topic_alias is not None or props.subscription_identifiers \
             or props.will_delay_interval is not None:
-        kept = props.replace(message_expiry_interval=None, topic_alias=None, subscription_identifiers=(),
-                             will_delay_interval=None)
+        kept = _without(props, (_EXPIRY, _ALIAS, _SUB_IDS, _WILL_DELAY))
     if kept == EMPTY_PROPERTIES:
         if expiry is None:
             return None
@@ -90,7 +104,7 @@ def forwarded_properties(props: Properties) -> Properties:
     Identifiers), for another node's ``publish_local``."""
     if props.topic_alias is None and not props.subscription_identifiers:
         return props
-    return props.replace(topic_alias=None, subscription_identifiers=())
+    return _without(props, (_ALIAS, _SUB_IDS))
 
 
 def publish_bytes(conn: Any, topic: str | bytes, payload: bytes, qos: int, retain: bool, dup: bool,

@@ -22,7 +22,8 @@ tests drive the same object with the in-memory broker.
   refused as NOT_CONNECTED without touching the broker. Only failures are returned.
 - Ingest tickets queue up and run in rounds (:mod:`fanout.node.ingest_rounds`); the outcome of each ticket is applied
   in order: ``complete_publish`` (PUBACK after the durable write) or ``reject_publish`` (JSON error on
-  ``$SDV-FANOUT/errors/<client_id>``, forwarded to the other nodes too, then close).
+  ``$SDV-FANOUT/errors/<client_id>``, forwarded to the other nodes too, then close; an MQTT 5 publisher gets a
+  negative PUBACK with the error's ``reason_code`` and keeps its connection).
 - Local publishes (and wills) are queued for the peers whose announced filters match; retained ones are
   mirrored to every peer (:mod:`fanout.node.peer_routes`).
 """
@@ -158,7 +159,7 @@ class NodeCore(BrokerHooks):
             elif t is Heartbeat:
                 self._heartbeat(e)
             elif t is LocalPublish:
-                if self.routes.forward(e.topic, e.payload, e.qos, e.retain):
+                if self.routes.forward(e.topic, e.payload, e.qos, e.retain, e.properties):
                     woke = True
             elif t is IngestTicket:
                 self._tickets.append(e)
@@ -382,7 +383,7 @@ class NodeCore(BrokerHooks):
         if self.broker is None:
             return 0
         publish = self.broker.publish_local
-        return sum(publish(topic, payload, qos, retain) for topic, payload, qos, retain in messages)
+        return sum(publish(topic, payload, qos, retain, properties=props) for topic, payload, qos, retain, props in messages)
 
     def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
         """Close connections taken over on another node, and drop the fanout messages their sessions keep.
@@ -449,7 +450,8 @@ class NodeCore(BrokerHooks):
         return done
 
     def _reject(self, t: IngestTicket, error: dict[str, Any]) -> None:
-        if self.broker.reject_publish(t.client_id, t.packet_id, error, t.generation):
+        # MQTT 5 (t.properties set): a negative PUBACK with error["reason_code"], no errors topic to forward
+        if self.broker.reject_publish(t.client_id, t.packet_id, error, t.generation) and t.properties is None:
             body = {"client_id": t.client_id, "packet_id": t.packet_id, **error}
             payload = json.dumps(body, separators=(",", ":")).encode()
             if self.routes.forward(ERRORS_TOPIC_PREFIX + t.client_id, payload, 1, False):

@@ -22,6 +22,20 @@ so a burst of triggers costs a few dispatcher calls, not one per trigger, and ev
 5. splits each trigger's VINs by shard and sends one ``ingest`` call per involved dispatcher;
 6. reports each ticket's outcome in ticket order: ``None`` (durable: PUBACK it) or an error body (reject).
 
+MQTT 5 platforms (a ticket with ``properties``):
+
+- a trigger's Message Expiry Interval is its request's time to live, as a ``ttl`` in the payload is (both
+  counted from the acceptance of the trigger); with both, the smaller wins. It is checked as ``ttl`` is (1 s
+  to :data:`fanout.trigger.MAX_TTL_MS`; 0 would expire the request before any delivery): out of range, the
+  trigger is rejected with field ``message_expiry_interval``;
+- a rejection carries the PUBACK reason code in ``"reason_code"`` (the broker core sends it,
+  :func:`fanout.mqtt.link5.negative_ack5`): 0x97 Quota exceeded for input over a configured bound (VINs,
+  blob size) or a full store, 0x90 Topic Name invalid for a bad data id or request id in the topic, 0x83
+  Implementation specific error for a well-formed trigger the cluster does not accept (unknown data id, a
+  request id re-used with another data id, an expiry interval out of range), 0x80 Unspecified error when a
+  dispatcher call failed, else 0x99 Payload format invalid. (0x87 and over-long topics are the broker core's:
+  it answers them before a ticket exists.) A 3.1.1 platform's error body has no ``reason_code``.
+
 A dispatcher answers only after its LMDB commit (sync), so an acknowledged trigger is durable. A failed
 call (dispatcher dead, store full) rejects the tickets it carried with ``"error": "unavailable"``: the
 client sees its connection closed without PUBACK and resends, and the store makes a resend idempotent.
@@ -32,6 +46,7 @@ loop keeps serving connections meanwhile (it still shares the GIL, but is not st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -39,11 +54,13 @@ from typing import Any, Callable, Protocol, Sequence
 import structlog
 
 from fanout.mqtt.hooks import IngestTicket
+from fanout.mqtt.reason_codes import ReasonCode as RC
 from fanout.records import CONFLICT_PREFIX, BlobItem, IngestItem, join_vins
 from fanout.request_control import CANCEL, STATUS, Control, is_request_topic, parse_control, reply
 from fanout.trigger import (
-    TRIGGER_TOPIC, Trigger, TriggerError, conflict_reason, parse_data_topic, parse_trigger, validate_blob,
+    TRIGGER_TOPIC, Trigger, TriggerError, check_ttl, conflict_reason, parse_data_topic, parse_trigger, validate_blob,
 )
+from storage.errors import StoreFullError
 from storage.keys import split_by_shard
 
 log = structlog.get_logger(__name__)
@@ -101,16 +118,49 @@ class _Work:
     control: Control | None = None  # a request status or cancel (fanout.request_control)
 
 
-def _error_body(exc: TriggerError) -> dict[str, Any]:
-    return {"error": exc.code, "field": exc.field, "reason": exc.reason, "request_id": exc.request_id}
+def _error_body(exc: TriggerError, reason_code: int = RC.PAYLOAD_FORMAT_INVALID) -> dict[str, Any]:
+    return {"error": exc.code, "field": exc.field, "reason": exc.reason, "request_id": exc.request_id,
+            "reason_code": int(reason_code)}
+
+
+def _invalid_code(exc: TriggerError, topic: str) -> int:
+    """The MQTT 5 reason code of invalid input (see the module docstring)."""
+    if exc.over_limit:
+        return RC.QUOTA_EXCEEDED
+    if exc.field == "message_expiry_interval":
+        return RC.IMPLEMENTATION_SPECIFIC_ERROR
+    if topic != TRIGGER_TOPIC and exc.field != "payload":  # the data id or request id level of the topic
+        return RC.TOPIC_NAME_INVALID
+    return RC.PAYLOAD_FORMAT_INVALID
 
 
 def _conflict(reason: str, request_id: str) -> dict[str, Any]:
-    return _error_body(TriggerError("data_id", reason, request_id=request_id))
+    return _error_body(TriggerError("data_id", reason, request_id=request_id), RC.IMPLEMENTATION_SPECIFIC_ERROR)
 
 
-def _unavailable(reason: str, request_id: str | None = None) -> dict[str, Any]:
-    return {"error": "unavailable", "field": None, "reason": reason, "request_id": request_id}
+def _unavailable(reason: str, request_id: str | None = None, failure: BaseException | None = None) -> dict[str, Any]:
+    """A call failed (``failure``, when it was an exception): 0x97 for a full store, else 0x80."""
+    code = RC.QUOTA_EXCEEDED if isinstance(failure, StoreFullError) else RC.UNSPECIFIED_ERROR
+    return {"error": "unavailable", "field": None, "reason": reason, "request_id": request_id, "reason_code": int(code)}
+
+
+def with_expiry(trig: Trigger, properties: Any) -> Trigger:
+    """``trig`` with the Message Expiry Interval of its MQTT 5 PUBLISH as time to live (the smaller of it and
+    the payload's ``ttl``); unchanged without one.
+
+    Raises:
+        TriggerError: ``field="message_expiry_interval"`` for 0 or an interval over the ttl limit.
+    """
+    interval = properties.message_expiry_interval if properties is not None else None
+    if interval is None:
+        return trig
+    try:
+        expiry_ms = check_ttl(interval, request_id=trig.request_id)
+    except TriggerError as exc:
+        raise TriggerError("message_expiry_interval", exc.reason, request_id=trig.request_id) from None
+    if trig.ttl_ms and trig.ttl_ms <= expiry_ms:
+        return trig
+    return dataclasses.replace(trig, ttl_ms=expiry_ms)
 
 
 class IngestRounds:
@@ -174,7 +224,7 @@ class IngestRounds:
         t0 = time.perf_counter()
         work = await self._validate(tickets, outcomes)
         if not work:
-            return outcomes
+            return self._for_protocol(tickets, outcomes)
         t1 = time.perf_counter()
         now = self._wall()
         blobs = [w for w in work if w.data_id is not None]
@@ -213,6 +263,14 @@ class IngestRounds:
                 self.rejected += 1
         if controls:  # answered last: a status question sees the triggers published before it in the round
             await self._answer(controls, outcomes)
+        return self._for_protocol(tickets, outcomes)
+
+    @staticmethod
+    def _for_protocol(tickets: Sequence[IngestTicket], outcomes: list[Any]) -> list[Any]:
+        """``outcomes`` with the reason codes left out of 3.1.1 error bodies (the errors topic's JSON as before)."""
+        for t, o in zip(tickets, outcomes):
+            if t.properties is None and type(o) is dict:
+                o.pop("reason_code", None)
         return outcomes
 
     # -- steps --------------------------------------------------------------------------------------
@@ -235,13 +293,13 @@ class IngestRounds:
                         trig, buckets = await loop.run_in_executor(None, self._parse_split, t.payload, shards)
                     else:
                         trig, buckets = self._parse_split(t.payload, shards)
-                    work.append(_Work(i, t, trigger=trig, buckets=buckets))
+                    work.append(_Work(i, t, trigger=with_expiry(trig, t.properties), buckets=buckets))
                 else:
                     data_id = parse_data_topic(t.topic)
                     validate_blob(t.payload, self._max_blob)
                     work.append(_Work(i, t, data_id=data_id))
             except TriggerError as exc:
-                outcomes[i] = _error_body(exc)
+                outcomes[i] = _error_body(exc, _invalid_code(exc, t.topic))
                 rejected.add(conn)
         return work
 
@@ -258,7 +316,7 @@ class IngestRounds:
         if failed:
             log.error("ingest blob write failed", error=repr(failed[0]), blobs=len(items))
             for w in blobs:
-                outcomes[w.index] = _unavailable(f"blob store failed: {failed[0]!r}")
+                outcomes[w.index] = _unavailable(f"blob store failed: {failed[0]!r}", failure=failed[0])
             return
         until = now + KNOWN_DATA_TTL_MS
         for w in blobs:
@@ -278,7 +336,7 @@ class IngestRounds:
                     log.error("ingest data check failed", error=repr(r))
                     for w in triggers:
                         if w.trigger.data_id in unknown:  # type: ignore[union-attr]
-                            outcomes[w.index] = _unavailable(f"data check failed: {r!r}", w.trigger.request_id)  # type: ignore[union-attr]
+                            outcomes[w.index] = _unavailable(f"data check failed: {r!r}", w.trigger.request_id, r)  # type: ignore[union-attr]
                     return [w for w in triggers if w.trigger.data_id not in unknown]  # type: ignore[union-attr]
                 missing.update(d for d, ok in zip(unknown, r) if not ok)
             until = now + KNOWN_DATA_TTL_MS
@@ -293,7 +351,7 @@ class IngestRounds:
                     "data_id", f"unknown data_id {trig.data_id!r}: publish $SDV-FANOUT/data/<data_id> first",  # type: ignore[union-attr]
                     request_id=trig.request_id,  # type: ignore[union-attr]
                 )
-                outcomes[w.index] = _error_body(exc)
+                outcomes[w.index] = _error_body(exc, RC.IMPLEMENTATION_SPECIFIC_ERROR)
             else:
                 ok.append(w)
         return ok
@@ -339,7 +397,7 @@ class IngestRounds:
                     continue
                 known = used.get(shard)
                 if isinstance(known, BaseException):
-                    outcomes[w.index] = _unavailable(f"shard {shard} request check failed", trig.request_id)
+                    outcomes[w.index] = _unavailable(f"shard {shard} request check failed", trig.request_id, known)
                 elif known and known.get(trig.request_id):
                     asks.setdefault(shard, []).append(w)
         shards = list(asks)
@@ -356,7 +414,7 @@ class IngestRounds:
                 if outcomes[w.index] is not None:
                     continue
                 if failed:
-                    outcomes[w.index] = _unavailable(f"shard {shard} conflict check failed: {result!r}", rid)
+                    outcomes[w.index] = _unavailable(f"shard {shard} conflict check failed: {result!r}", rid, result)
                 elif result[i] is not None:
                     outcomes[w.index] = _conflict(result[i], rid)
         return [w for w in triggers if outcomes[w.index] is None]
@@ -387,7 +445,7 @@ class IngestRounds:
             if isinstance(result, BaseException):
                 log.error("ingest write failed", shard=shard, error=repr(result), triggers=len(ws))
                 for w in ws:
-                    outcomes[w.index] = _unavailable(f"shard {shard} write failed", w.trigger.request_id)  # type: ignore[union-attr]
+                    outcomes[w.index] = _unavailable(f"shard {shard} write failed", w.trigger.request_id, result)  # type: ignore[union-attr]
                 continue
             for w, r in zip(ws, result):
                 if isinstance(r, str) and outcomes[w.index] is None:
@@ -395,7 +453,7 @@ class IngestRounds:
                     if r.startswith(CONFLICT_PREFIX):  # a conflicting trigger came through another node meanwhile
                         outcomes[w.index] = _conflict(r[len(CONFLICT_PREFIX):], rid)
                     else:  # the shard refused it (its data_id vanished between check and write): report it
-                        outcomes[w.index] = _unavailable(r, rid)
+                        outcomes[w.index] = {**_unavailable(r, rid), "reason_code": int(RC.IMPLEMENTATION_SPECIFIC_ERROR)}
         self.triggers_ok += sum(1 for w in triggers if outcomes[w.index] is None)
 
     async def _answer(self, controls: list[_Work], outcomes: list[Any]) -> None:

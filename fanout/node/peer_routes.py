@@ -19,7 +19,8 @@ Strategy (one instance per ConnectionNode, Ray-free):
   takes at most ~5% of the event loop (a connection storm keeps the table dirty all the time).
 - Remote filters live in a :class:`SubscriptionTrie` keyed by node id, so deciding where a publish goes
   is one trie match, the same matching (and ``$``-topic rules) the broker uses locally.
-- A publish is forwarded at most once per node; retained publishes (set or clear) are mirrored to
+- A publish is forwarded at most once per node, with its MQTT 5 properties (User Properties, Content Type,
+  Response Topic, Correlation Data, Message Expiry Interval) when it has them; retained publishes (set or clear) are mirrored to
   every peer whether or not it has a matching subscription, so a later subscriber anywhere gets them.
   ``$SYS/...`` is never forwarded: each node publishes its own statistics.
 - Forwards are queued per destination node and shipped by the actor in one call per node per tick.
@@ -29,7 +30,7 @@ Strategy (one instance per ConnectionNode, Ray-free):
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import structlog
 
@@ -154,8 +155,12 @@ class PeerRoutes:
 
     # -- forwarding -------------------------------------------------------------------------------
 
-    def forward(self, topic: str, payload: bytes, qos: int, retain: bool) -> int:
+    def forward(self, topic: str, payload: bytes, qos: int, retain: bool, properties: Any = None) -> int:
         """Queue a local publish for the peers that need it.
+
+        Args:
+            properties: its MQTT 5 properties (``LocalPublish.properties``), None for a 3.1.1 publish; the peer
+                passes them to ``publish_local`` (Message Expiry Interval counted again from there).
 
         Returns:
             How many nodes it was queued for.
@@ -166,7 +171,7 @@ class PeerRoutes:
             targets: Iterable[str] = self._peers
         else:
             targets = self._trie.match(topic) if self._by_node else ()
-        item = Forward.build(topic, payload, qos, retain)
+        item = Forward.build(topic, payload, qos, retain, properties)
         size = len(topic) + len(payload)
         n = 0
         out = self._out

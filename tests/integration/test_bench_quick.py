@@ -71,3 +71,14 @@ def test_ratios(bench: tuple[dict[str, Any], Path]) -> None:
 def test_plot_written(bench: tuple[dict[str, Any], Path]) -> None:
     png = bench[1] / "broker_bench_quick.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("system", broker_bench.V5_SYSTEMS)
+def test_mqtt5_figures(bench: tuple[dict[str, Any], Path], system: str) -> None:
+    """MQTT 5 rows (with and without topic aliases) for the systems that speak it, and the v5/3.1.1 ratios."""
+    if system == "mosquitto" and not HAVE_MOSQUITTO:
+        pytest.skip(NO_MOSQUITTO)
+    figures = bench[0]["systems"][system]
+    missing = [k for k in broker_bench.V5_FIGURES if not _positive(figures.get(k))]
+    assert not missing, f"{system}: missing MQTT 5 figures {missing}"
+    assert all(_positive(bench[0]["ratios"][f"cpu_us_per_msg_{label}_vs_v311"]) for label in broker_bench.V5_LABELS)

@@ -92,3 +92,43 @@ def test_takeover_across_listeners_closes_the_old_connection(fanout):
     finally:
         for c in clients:
             c.kill()
+
+
+def test_mqtt5_properties_cross_listeners(fanout):
+    """An MQTT 5 publish forwarded to the other listener (another connection node) keeps its User Properties
+    (in order), Content Type, Correlation Data and its Message Expiry Interval."""
+    from .test_mqtt5_clients import Paho5, opts, pub_props
+
+    subs = [Paho5(f"props-sub-{i}") for i in range(8)]
+    pub = Paho5("props-pub")
+    try:
+        for s in subs:
+            s.connect(fanout.port)
+            assert s.subscribe(("fleet/props", opts(1))) == [1]
+        by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(subs) and c,
+                             15, "subscribers connected")
+        assert all(n > 0 for n in by_node.values()), by_node  # both listeners have subscribers (odds 2**-7 not)
+        pub.connect(fanout.port)
+        got: dict[str, object] = {}
+
+        def everyone_got_one() -> bool:
+            pub.publish("fleet/props", b"warm-up", 0)
+            for s in subs:
+                while not s.messages.empty():
+                    got[s.client_id] = s.messages.get()
+            return len(got) == len(subs)
+
+        wait_until(everyone_got_one, 20, "routes to every listener", interval=0.2)
+        props = pub_props(UserProperty=[("trace", "t-1"), ("campaign", "c9")], ContentType="application/json",
+                          CorrelationData=b"\x01\x02", MessageExpiryInterval=60)
+        assert pub.publish("fleet/props", b"{}", 1, properties=props) == 0
+        for s in subs:  # after the warm-ups still on their way
+            while (msg := s.get(timeout=10)).payload == b"warm-up":
+                pass
+            p = msg.properties
+            assert msg.payload == b"{}" and p.UserProperty == [("trace", "t-1"), ("campaign", "c9")], by_node
+            assert (p.ContentType, p.CorrelationData) == ("application/json", b"\x01\x02")
+            assert 55 <= p.MessageExpiryInterval <= 60
+    finally:
+        for c in (*subs, pub):
+            c.close()

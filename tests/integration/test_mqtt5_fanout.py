@@ -2,16 +2,19 @@
 
 What the broker core gives the fanout contract on MQTT 5 today: deliveries reach MQTT 5 vehicles as MQTT 5
 PUBLISHes within their Receive Maximum (one in flight per vehicle either way), and an invalid trigger from an
-MQTT 5 platform gets a negative PUBACK (0x99) while its connection stays open for the next submission.
+MQTT 5 platform gets a negative PUBACK (0x99, or the code naming the problem: 0x83 unknown data id, 0x90 a bad data
+topic) while its connection stays open for the next submission; a trigger's Message Expiry Interval is its
+request's time to live.
 """
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from tests.integration.fanout_harness import PLATFORM_LOGIN, fanout_config, running_cluster, wait_until
-from tests.integration.test_mqtt5_clients import Paho5, connect_props, opts
+from tests.integration.test_mqtt5_clients import Paho5, connect_props, opts, pub_props
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,3 +68,36 @@ def test_invalid_trigger_from_mqtt5_platform_gets_negative_puback_and_connection
     assert reason.startswith("invalid_trigger: payload"), reason  # the error code and the field
     assert p.disconnects.empty() and p.client.is_connected()
     assert p.publish("$SDV-FANOUT/data/m5-ok", b"OK", 1) == 0  # the same connection goes on
+
+
+def test_trigger_message_expiry_interval_is_the_request_ttl(fanout, clients):
+    vin_late, vin_live = "M5EXP0000000001", "M5EXP0000000002"
+    live = Paho5(vin_live)
+    clients.append(live)
+    live.connect(fanout.port)
+    assert live.subscribe((f"agent/{vin_live}/proxy/request/+", opts(1))) == [1]
+    p = _platform(fanout, clients, "m5-platform-exp")
+    assert p.publish("$SDV-FANOUT/data/m5-exp-blob", b"EXP", 1) == 0
+    trigger = json.dumps({"ids": [vin_late, vin_live], "request_id": "m5-exp", "data_id": "m5-exp-blob"}).encode()
+    assert p.publish("$SDV-FANOUT/trigger", trigger, 1, properties=pub_props(MessageExpiryInterval=2)) == 0
+    assert live.get(timeout=20).payload == b"EXP"  # within the interval: delivered
+    time.sleep(2.5)
+    late = Paho5(vin_late)  # comes after the interval ran out: its row is not delivered
+    clients.append(late)
+    late.connect(fanout.port)
+    assert late.subscribe((f"agent/{vin_late}/proxy/request/+", opts(1))) == [1]
+    late.publish(f"ecp/{vin_late}/online", b"", 1)
+    wait_until(lambda: fanout.inspect("request", "m5-exp")["by_status"] == {"delivered": 1, "expired": 1}, 20,
+               "one row delivered, the late one expired")
+    late.expect_nothing(0.5)
+
+
+def test_refused_ingest_from_mqtt5_platform_names_the_problem_in_the_reason_code(fanout, clients):
+    p = _platform(fanout, clients, "m5-platform-codes")
+    unknown = json.dumps({"ids": ["M5VIN0000000009"], "request_id": "m5-r9", "data_id": "never-published"}).encode()
+    assert p.publish("$SDV-FANOUT/trigger", unknown, 1) == 0x83
+    assert p.last_ack_properties.ReasonString.startswith("invalid_trigger: data_id: unknown data_id")
+    assert p.publish("$SDV-FANOUT/data/a/b", b"blob", 1) == 0x90
+    assert p.publish("$SDV-FANOUT/trigger", unknown, 1, properties=pub_props(MessageExpiryInterval=0)) == 0x83
+    assert p.last_ack_properties.ReasonString.startswith("invalid_trigger: message_expiry_interval")
+    assert p.disconnects.empty() and p.client.is_connected()

@@ -456,7 +456,8 @@ async def test_local_publishes_are_forwarded_to_matching_peers_and_retained_mirr
            Publish("other/t", b"2", 1, False, False, 9),
            Publish("cfg/x", b"3", 1, True, False, 10))
     fw = routes.take_forwards()
-    assert fw == {"n1": [("sensors/t", b"1", 0, False), ("cfg/x", b"3", 1, True)], "n2": [("cfg/x", b"3", 1, True)]}
+    assert fw == {"n1": [("sensors/t", b"1", 0, False, None), ("cfg/x", b"3", 1, True, None)],
+                  "n2": [("cfg/x", b"3", 1, True, None)]}
     # announcements: the whole set first, then diffs
     c.subscribe("a/+")
     ann = routes.announcement(10_000, filters_fn=cluster.broker.route_filters)

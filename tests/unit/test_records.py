@@ -19,6 +19,7 @@ from fanout.mqtt.broker import Broker
 from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connect, Puback, Publish, Subscribe, Unsubscribe
+from fanout.mqtt.properties import Properties
 from fanout.node.core import NodeCore
 from fanout.records import (
     EVENT_RECORDS, WIRE_RECORDS, AckEvent, BlobItem, ConnectEvent, Delivery, DeliveryFailure, DeliverBatch,
@@ -30,7 +31,8 @@ from storage import ShardStore
 SAMPLES = {"client_id": "V1", "vin": "V1", "generation": 7, "session_present": True, "subscribed": True,
            "inflight_key": b"V1\x00k", "row_key": b"V1\x00k", "at_us": 12, "request_id": "r1", "data_id": "d1",
            "dup": True, "status": 3, "blob": b"B", "ts_ms": 5, "joined_vins": "V1\nV2", "ttl_ms": 3000, "topic": "t",
-           "payload": b"p", "qos": 1, "retain": False, "deliveries": [], "payloads": {}, "kicks": []}
+           "payload": b"p", "qos": 1, "retain": False, "deliveries": [], "payloads": {}, "kicks": [],
+           "properties": Properties(content_type="text/plain", user_properties=(("trace", "t1"),))}
 
 
 def roundtrip(obj):
@@ -231,7 +233,7 @@ def test_forwards_from_the_route_table_are_what_the_peer_node_core_delivers(pair
     node.routes.update("n1", ["sensors/#"], [], reset=True)
     assert node.routes.forward("sensors/t", b"1", 1, False) == 1
     (fw,) = roundtrip(node.routes.take_forwards())["n1"]
-    assert Forward(*fw) == Forward("sensors/t", b"1", 1, False)
+    assert Forward(*fw) == Forward("sensors/t", b"1", 1, False, None)
     sub = Peer(broker, "c1")
     sub.send(Subscribe(1, (("sensors/#", 1),)))
     assert node.apply_forwards([fw]) == 1

@@ -1,0 +1,260 @@
+"""The fanout contract on MQTT 5 through the node core (no Ray, no sockets): a trigger's Message Expiry Interval
+is its request's time to live, invalid ingest gets the PUBACK reason code that says what is wrong, and
+publishes forwarded between two nodes keep their properties.
+
+The harness is test_node_core's ``Cluster`` (one node, real LMDB shards) with an MQTT 5 client, and two node
+cores whose forwards go through ``pack_batch`` as on the Ray boundary.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fanout.dispatcher.core import DispatcherCore
+from fanout.mqtt.codec import PacketReader
+from fanout.mqtt.packets import Publish
+from fanout.mqtt.packets5 import Connack5, Connect5, Puback5, Publish5, Suback5, Subscribe5, Subscription
+from fanout.mqtt.properties import EMPTY_PROPERTIES, Properties
+from fanout.mqtt.reason_codes import ReasonCode as RC
+from fanout.records import IngestItem, pack_batch, unpack_batch
+from storage import ShardStore
+
+from .test_node_core import Client, Cluster, FakeLink, trigger
+
+
+class Client5(Client):
+    """An MQTT 5 peer of the node's in-memory broker."""
+
+    def __init__(self, cluster, client_id: str, *, user: str | None = None, password: bytes | None = None,
+                 **props) -> None:
+        self.cluster = cluster
+        self.conn = cluster.broker.connection_made(cluster.now, ("127.0.0.1", 50001))
+        self.conn.transport = self
+        self.reader = PacketReader(protocol_level=5)
+        self.inbox: list = []
+        self.closed = False
+        self.send(Connect5(client_id, True, 60, user, password, None, Properties(**props)))
+        ack = self.inbox.pop(0)
+        assert isinstance(ack, Connack5) and ack.reason_code == 0, ack
+
+    def subscribe5(self, topic_filter: str, pid: int = 1) -> None:
+        self.send(Subscribe5(pid, (Subscription(topic_filter, 1),)))
+        subacks = [p for p in self.inbox if isinstance(p, Suback5)]
+        assert [s.reason_codes for s in subacks] == [(1,)], self.inbox
+        self.inbox.remove(subacks[0])
+
+    def acks5(self) -> list[tuple[int, int, str | None]]:
+        """(packet id, reason code, Reason String) of each PUBACK received, taken out of the inbox."""
+        out = [(p.packet_id, p.reason_code, p.properties.reason_string) for p in self.inbox if isinstance(p, Puback5)]
+        self.inbox = [p for p in self.inbox if not isinstance(p, Puback5)]
+        return out
+
+    def publishes5(self) -> list[Publish5]:
+        out = [p for p in self.inbox if isinstance(p, Publish5)]
+        self.inbox = [p for p in self.inbox if not isinstance(p, Publish5)]
+        return out
+
+
+class RecordingLink(FakeLink):
+    """The local shard link, keeping the IngestItems it carried."""
+
+    def __init__(self, cores) -> None:
+        super().__init__(cores)
+        self.items: list[IngestItem] = []
+        self.shards_of: dict[int, int] = {}  # index in items -> shard
+
+    async def ingest(self, shard, items):
+        for i in items:
+            self.shards_of[len(self.items)] = shard
+            self.items.append(IngestItem(*i))
+        return await super().ingest(shard, items)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    c.link = RecordingLink(c.cores)
+    c.edge.ingest._link = c.link
+    yield c
+    c.close()
+
+
+def platform5(c: Cluster, cid: str = "platform-5") -> Client5:
+    return Client5(c, cid, user="platform", password=b"platform")
+
+
+def expiry(seconds: int | None) -> Properties:
+    return EMPTY_PROPERTIES if seconds is None else Properties(message_expiry_interval=seconds)
+
+
+# -- 1. Message Expiry Interval = the request's time to live ----------------------------------------------------
+
+@pytest.mark.parametrize("ttl, interval, expected_ms", [
+    (None, 30, 30_000),  # the expiry alone
+    ("10s", 30, 10_000),  # both: the smaller wins
+    ("1h", 30, 30_000),
+    ("20s", None, 20_000),  # the payload's ttl alone, as for 3.1.1
+    (None, None, 0),  # neither: no ttl
+])
+async def test_message_expiry_interval_of_a_trigger_is_its_ttl(cluster, ttl, interval, expected_ms):
+    p = platform5(cluster)
+    body = {"ids": ["V1", "V2", "V3"], "request_id": "r1", "data_id": "d1"}
+    if ttl is not None:
+        body["ttl"] = ttl
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1, expiry(3600)),  # a blob's own expiry: no ttl
+           Publish5("$SDV-FANOUT/trigger", json.dumps(body).encode(), 1, False, False, 2, expiry(interval)))
+    await cluster.pump()
+    assert p.acks5() == [(1, 0, None), (2, 0, None)]
+    assert {i.ttl_ms for i in cluster.link.items} == {expected_ms}
+    for n, item in enumerate(cluster.link.items):  # the dispatcher that got the rows bounds them by it
+        expires = cluster.cores[cluster.link.shards_of[n]].lifecycle.expires
+        assert expires.get("r1") == (item.ts_ms + expected_ms if expected_ms else None)
+
+
+@pytest.mark.parametrize("after_ms, delivered", [(4_000, True), (5_001, False)])
+async def test_rows_still_pending_when_the_expiry_runs_out_are_not_delivered(cluster, after_ms, delivered):
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 2, expiry(5)))
+    await cluster.pump()
+    assert [code for _pid, code, _r in p.acks5()] == [0, 0]
+    (item,) = cluster.link.items
+    cluster.now = item.ts_ms + after_ms  # the vehicle comes (and says so) this long after the trigger
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    car.send(Publish5("ecp/V1/online", b"", 0))
+    await cluster.pump()
+    assert [m.payload for m in car.publishes5()] == ([b"BLOB"] if delivered else [])
+    status = cluster.cores[cluster.link.shards_of[0]].lifecycle.status("r1", [])
+    assert status["expires_ms"] == item.ts_ms + 5_000
+    assert (status["pending"], status["expired"]) == ((1, 0) if delivered else (0, 1)), status
+
+
+@pytest.mark.parametrize("interval, reason", [(0, "must be positive"), (400 * 86_400, "longer than the limit")])
+async def test_an_expiry_interval_out_of_range_is_refused_with_0x83_and_writes_nothing(cluster, interval, reason):
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1))
+    await cluster.pump()
+    seq = [s.applied_seq for s in cluster.stores]
+    p.send(Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 2, expiry(interval)))
+    await cluster.pump()
+    (pid, code, text), = p.acks5()[1:]
+    assert (pid, code) == (2, RC.IMPLEMENTATION_SPECIFIC_ERROR)
+    assert text.startswith("invalid_trigger: message_expiry_interval: ") and reason in text
+    assert [s.applied_seq for s in cluster.stores] == seq and not p.closed
+
+
+# -- 2. reason codes of refused ingest --------------------------------------------------------------------------
+
+REFUSALS = [  # (topic, payload, reason code, field in the Reason String)
+    ("$SDV-FANOUT/trigger", b"not json", RC.PAYLOAD_FORMAT_INVALID, "payload"),
+    ("$SDV-FANOUT/trigger", trigger(["bad vin!"]), RC.PAYLOAD_FORMAT_INVALID, "ids[0]"),
+    ("$SDV-FANOUT/trigger", trigger(["V1", "V2", "V3"]), RC.QUOTA_EXCEEDED, "ids"),  # max_batch 2 below
+    ("$SDV-FANOUT/trigger", trigger(["V1"], data_id="nope"), RC.IMPLEMENTATION_SPECIFIC_ERROR, "data_id"),
+    ("$SDV-FANOUT/trigger", trigger(["V1"], data_id="other"), RC.IMPLEMENTATION_SPECIFIC_ERROR, "data_id"),  # r1 conflict
+    ("$SDV-FANOUT/data/d2", b"x" * 101, RC.QUOTA_EXCEEDED, "payload"),  # max blob 100 below
+    ("$SDV-FANOUT/data/d2", b"", RC.PAYLOAD_FORMAT_INVALID, "payload"),
+    ("$SDV-FANOUT/data/", b"blob", RC.TOPIC_NAME_INVALID, "data_id"),
+    ("$SDV-FANOUT/data/a/b", b"blob", RC.TOPIC_NAME_INVALID, "data_id"),
+    ("$SDV-FANOUT/unknown", b"blob", RC.TOPIC_NAME_INVALID, "topic"),
+    ("$SDV-FANOUT/requests/r1/bogus", b"", RC.TOPIC_NAME_INVALID, "topic"),
+    ("$SDV-FANOUT/requests/r1/status", b"[1]", RC.PAYLOAD_FORMAT_INVALID, "payload"),
+]
+
+
+@pytest.mark.parametrize("topic, payload, code, field", REFUSALS, ids=lambda v: v if isinstance(v, str) else None)
+async def test_refused_ingest_gets_the_reason_code_naming_the_problem_and_the_connection_stays(
+        cluster, topic, payload, code, field):
+    cluster.edge.ingest._max_batch = 2
+    cluster.edge.ingest._max_blob = 100
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/data/other", b"BLOB2", 1, False, False, 2),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 3))
+    await cluster.pump()
+    assert [c for _p, c, _r in p.acks5()] == [0, 0, 0]
+    seq = [s.applied_seq for s in cluster.stores]
+    p.send(Publish5(topic, payload, 1, False, False, 4))
+    await cluster.pump()
+    ((pid, got, text),) = p.acks5()
+    assert (pid, got) == (4, code), text
+    assert f": {field}: " in text
+    assert [s.applied_seq for s in cluster.stores] == seq  # nothing written
+    assert not p.closed and p.publishes5() == []  # no errors topic for MQTT 5: the PUBACK says it
+    p.send(Publish5("$SDV-FANOUT/trigger", trigger(["V2"], "r2"), 1, False, False, 5))
+    await cluster.pump()
+    assert p.acks5() == [(5, 0, None)]  # the same connection goes on
+
+
+async def test_a_publisher_the_acl_refuses_gets_0x87_from_the_broker_core(cluster):
+    anonymous = Client5(cluster, "someone")  # role client: may not publish $SDV-FANOUT/#
+    anonymous.send(Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 1))
+    await cluster.pump()
+    assert anonymous.acks5() == [(1, RC.NOT_AUTHORIZED, None)] and not cluster.edge.has_tickets()
+
+
+async def test_a_full_store_is_0x97_and_a_3_1_1_error_body_has_no_reason_code(tmp_path):
+    c = Cluster(tmp_path / "n")
+    for s in c.stores:
+        s.close()
+    c.stores = [ShardStore(tmp_path / f"small-{k}", k, sync=False, map_size_bytes=1 << 16, max_map_size_bytes=1 << 16)
+                for k in range(2)]
+    c.cores = [DispatcherCore(s, k, 2, started_ms=0) for k, s in enumerate(c.stores)]
+    c.link = FakeLink(c.cores)
+    c.edge.ingest._link = c.link
+    try:
+        p5 = platform5(c)
+        p5.send(Publish5("$SDV-FANOUT/data/big", b"x" * 200_000, 1, False, False, 1))
+        await c.pump()
+        ((_pid, code, text),) = p5.acks5()
+        assert code == RC.QUOTA_EXCEEDED and text.startswith("unavailable: blob store failed: StoreFullError")
+        p3 = c.platform("platform-3")
+        p3.subscribe("$SDV-FANOUT/errors/platform-3")
+        p3.send(Publish("$SDV-FANOUT/data/big", b"x" * 200_000, 1, False, False, 1))
+        await c.pump()
+        (error,) = p3.publishes()
+        body = json.loads(error.payload)
+        assert body["error"] == "unavailable" and "reason_code" not in body and p3.closed
+        p4 = c.platform("platform-4")
+        p4.subscribe("$SDV-FANOUT/errors/platform-4")
+        p4.send(Publish("$SDV-FANOUT/trigger", b"not json", 1, False, False, 1))  # alone in its round
+        await c.pump()
+        (error,) = p4.publishes()
+        assert json.loads(error.payload)["field"] == "payload" and "reason_code" not in json.loads(error.payload)
+    finally:
+        c.close()
+
+
+# -- 3. forwarded publishes keep their properties ---------------------------------------------------------------
+
+async def test_publishes_forwarded_to_another_node_keep_their_mqtt5_properties(tmp_path):
+    a, b = Cluster(tmp_path / "a", node_id="A"), Cluster(tmp_path / "b", node_id="B")
+    try:
+        a.edge.routes.set_peers(["A", "B"])
+        b.edge.routes.set_peers(["A", "B"])
+        listener = Client5(b, "listener")
+        listener.subscribe5("telemetry/#")
+        old = Client(b, "old-3-1-1")
+        old.subscribe("telemetry/#")
+        added, removed, reset = b.edge.routes.announcement(10_000, filters_fn=b.broker.route_filters)
+        a.edge.routes.update("B", added, removed, reset)
+        props = Properties(content_type="application/json", user_properties=(("trace", "t-1"), ("campaign", "c9")),
+                           response_topic="replies/x", correlation_data=b"\x01\x02", message_expiry_interval=120)
+        sender = Client5(a, "sender")
+        sender.send(Publish5("telemetry/car1", b"{}", 1, False, False, 1, props),
+                    Publish5("telemetry/car2", b"plain", 1, False, False, 2))
+        forwards = a.edge.routes.take_forwards()
+        assert b.edge.apply_forwards(unpack_batch(pack_batch(forwards["B"]))) == 4  # 2 publishes x 2 subscribers
+        b.flush()
+        got = listener.publishes5()
+        assert [m.topic for m in got] == ["telemetry/car1", "telemetry/car2"]
+        first = got[0].properties
+        assert (first.content_type, first.user_properties, first.response_topic, first.correlation_data) == (
+            "application/json", (("trace", "t-1"), ("campaign", "c9")), "replies/x", b"\x01\x02")
+        assert 119 <= first.message_expiry_interval <= 120  # the remaining interval
+        assert got[1].properties.user_properties == () and got[1].properties.content_type is None
+        assert [m.payload for m in old.publishes()] == [b"{}", b"plain"]  # 3.1.1: topic and payload only
+    finally:
+        a.close()
+        b.close()
