@@ -80,6 +80,11 @@ class FanoutRejected(FanoutDeadLettered):
         super().__init__(seq, request_id, attempts, describe_cluster_error(detail))
 
 
+#: The error the cluster gives a request it could not take now (a dispatcher call failed, the store is
+#: full): the request is retried, not dead-lettered (fanout.node.ingest_rounds).
+TRANSIENT_ERROR = "unavailable"
+
+
 def negative_ack_detail(code: int, reason: str | None, request_id: str) -> dict[str, Any]:
     """The error detail of an MQTT 5 negative PUBACK, shaped like an errors-topic message.
 
@@ -135,5 +140,6 @@ __all__ = [
     "FanoutDeadLettered",
     "FanoutRejected",
     "negative_ack_detail",
+    "TRANSIENT_ERROR",
     "describe_cluster_error",
 ]

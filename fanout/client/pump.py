@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from fanout.client.errors import FanoutDeadLettered, FanoutRejected, describe_cluster_error, negative_ack_detail
+from fanout.client.errors import (
+    TRANSIENT_ERROR, FanoutDeadLettered, FanoutRejected, describe_cluster_error, negative_ack_detail,
+)
 from fanout.client.handle import COLD
 from fanout.client.inflight import Inflight
 from fanout.client.outbox import ApplyResult, Failure, OutboxBatch, now_ms
@@ -368,14 +370,19 @@ class Pump:
         self._reject(sub, detail)
 
     def _reject(self, sub: Submission, detail: dict[str, Any]) -> None:
-        """The cluster refused ``sub`` (already out of the in-flight tracker): dead-letter it with ``detail``."""
+        """The cluster refused ``sub`` (already out of the in-flight tracker): dead-letter it with ``detail``,
+        unless the refusal says the cluster could not take it *now* (``"unavailable"``: a dispatcher failing
+        over, a full store), which charges one attempt and retries it after the backoff."""
         text = describe_cluster_error(detail)
         self._last_cluster_error = self._last_error = text
         self._suspects.discard(sub.seq)
         if self._isolated == sub.seq:
             self._isolated = None
-        self._rejections[sub.seq] = detail
-        self._fail_item(sub, text, final=self._reject_is_final)
+        if detail.get("error") == TRANSIENT_ERROR:
+            self._fail_item(sub, text)
+        else:
+            self._rejections[sub.seq] = detail
+            self._fail_item(sub, text, final=self._reject_is_final)
         self._wake.set()
 
     # ------------------------------------------------------------------ housekeeping

@@ -24,6 +24,7 @@ class FakeNet:
         self.delivered: list[tuple[str, bytes]] = []
         self.max_packet = 10**9
         self.refuse: dict[str, tuple[int, str]] = {}  # request id -> MQTT 5 negative PUBACK (code, reason)
+        self.refuse_once: set[str] = set()  # request ids refused only the first time
         self.mqtt5 = True  # whether the 'broker' accepts an MQTT 5 CONNECT
         self.versions: list[bool] = []  # mqtt5 flag of each connection attempt
         self.drop_every = 0  # drop after every n-th processed message, if >= 2 triggers are unacknowledged
@@ -82,6 +83,8 @@ class FakeConnection:
         if self.mqtt5 and rid in NET.refuse:
             self.triggers -= 1
             code, reason = NET.refuse[rid]
+            if rid in NET.refuse_once:
+                del NET.refuse[rid]
             self._loop.call_soon(self._on_ack, mid, code, reason)
             return
         NET.delivered.append((topic, payload))
@@ -305,3 +308,14 @@ async def test_mqtt_version_pinned_to_3_1_1_never_tries_mqtt5(tmp_path: Path, fa
         h = await client.submit(["V1"], b"blob", request_id="r1")
         await asyncio.wait_for(h.acked(), 10)
     assert fake_net.versions == [False]
+
+
+async def test_mqtt5_unavailable_is_retried_not_dead_lettered(tmp_path: Path, fake_net: FakeNet) -> None:
+    """PUBACK 0x80 "unavailable" (a dispatcher call failed): one attempt charged, then resent and acked."""
+    fake_net.refuse["r1"] = (0x80, "unavailable: dispatcher call failed")
+    fake_net.refuse_once.add("r1")
+    async with make(tmp_path) as client:
+        h = await client.submit(["V1"], b"blob", request_id="r1")
+        await asyncio.wait_for(h.acked(), 10)
+        assert fake_net.triggers() == ["r1"] and fake_net.connections == 1
+        assert await client.dead_letters() == []
