@@ -93,11 +93,7 @@ class Inflight:
         Returns:
             The submissions this PUBACK completed (every message acknowledged), possibly empty.
         """
-        seqs = self._mids.pop(mid, None)
-        if seqs is None:
-            return []
-        self.messages -= 1
-        data_id = self._blob_of_mid.pop(mid, None)
+        seqs, data_id = self._answered(mid)
         if data_id is not None:
             self._blobs[data_id] = _ACKED
             self._blobs.move_to_end(data_id)
@@ -118,11 +114,7 @@ class Inflight:
         """Record a negative PUBACK (MQTT 5) of ``mid``: the submissions that needed that message are
         forgotten and returned (later PUBACKs of their other messages are ignored); a refused blob is
         no longer known as sent, so a later submission of its ``data_id`` sends it again."""
-        seqs = self._mids.pop(mid, None)
-        if seqs is None:
-            return []
-        self.messages -= 1
-        data_id = self._blob_of_mid.pop(mid, None)
+        seqs, data_id = self._answered(mid)
         if data_id is not None:
             self._blobs.pop(data_id, None)
         refused: list[Submission] = []
@@ -131,6 +123,15 @@ class Inflight:
             if entry is not None:
                 refused.append(entry.sub)
         return refused
+
+    def _answered(self, mid: int) -> tuple[list[int], str | None]:
+        """Stop tracking message ``mid`` (its PUBACK came): the seqs that needed it, and its data id if it
+        was a blob."""
+        seqs = self._mids.pop(mid, None)
+        if seqs is None:
+            return [], None
+        self.messages -= 1
+        return seqs, self._blob_of_mid.pop(mid, None)
 
     def _trim_blobs(self) -> None:
         if len(self._blobs) <= self._blob_cache:

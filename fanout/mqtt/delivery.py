@@ -1,3 +1,4 @@
+# Over 500 lines: one outbound flow (routing, inflight window, acknowledgements, the deliver API) on the per-delivery path; its MQTT 5 parts are in fanout5.py and message5.py.
 """Outbound message flow of the broker core: routing a message to the matching sessions, the inflight
 window and the session queue, the clients' acknowledgements of what was sent, and the embedding API that
 sends (``deliver``, ``publish_local``).

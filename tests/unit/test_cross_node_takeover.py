@@ -23,7 +23,7 @@ from fanout.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Puback, Pub
 from fanout.node.core import NodeCore
 from storage import ShardStore
 
-from .test_node_core import Client, hand_output, trigger
+from .test_node_core import Client, dispatcher_round, hand_output, trigger
 
 
 class Node:
@@ -90,18 +90,7 @@ class TwoNodes:
 
     def hand_out_dispatcher_output(self) -> bool:
         """One round of the dispatchers' output (sends, kicks, deletes) to the nodes; whether any moved."""
-        moved = False
-        for core in self.cores:
-            core.drain(self.now)
-            for node_id in core.nodes_with_output():
-                sends, payloads, kicks = core.take_node_batch(node_id)
-                core.delivery_failures(node_id, self.nodes[node_id].edge.apply_deliveries(sends, payloads, kicks))
-                moved = True
-            taken = core.take_deletes(self.now)
-            if taken:
-                core.store.apply(taken[0])
-                core.deletes_applied(taken[1])
-                moved = True
+        moved = dispatcher_round(self.cores, self.now, lambda node_id: self.nodes[node_id].edge)
         for node in self.nodes.values():
             node.flush()
         return moved

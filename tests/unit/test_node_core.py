@@ -8,6 +8,7 @@ fake clients.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import pytest
 
@@ -103,6 +104,24 @@ class Client:
         self.cluster.flush()
 
 
+def dispatcher_round(cores: list, now: int, edge_of: Callable[[str], NodeCore]) -> bool:
+    """One round of the dispatcher cores' output to the nodes (``edge_of(node_id)``): sends and kicks, then
+    the deletes they made; whether anything moved."""
+    moved = False
+    for core in cores:
+        core.drain(now)
+        for node_id in core.nodes_with_output():
+            sends, payloads, kicks = core.take_node_batch(node_id)
+            core.delivery_failures(node_id, edge_of(node_id).apply_deliveries(sends, payloads, kicks))
+            moved = True
+        taken = core.take_deletes(now)
+        if taken:
+            core.store.apply(taken[0])
+            core.deletes_applied(taken[1])
+            moved = True
+    return moved
+
+
 def hand_output(broker: Broker) -> None:
     """Give each fake client (a connection's transport) what the broker wrote for it; mark closed ones."""
     for conn, data in broker.flush():
@@ -147,18 +166,8 @@ class Cluster:
             for shard, events in self.edge.take_events().items():
                 self.cores[shard].apply_events(self.node_id, events)
                 moved = True
-            for core in self.cores:
-                core.drain(self.now)
-                for node in core.nodes_with_output():
-                    sends, payloads, kicks = core.take_node_batch(node)
-                    failures = self.edge.apply_deliveries(sends, payloads, kicks)
-                    core.delivery_failures(node, failures)
-                    moved = True
-                taken = core.take_deletes(self.now)
-                if taken:
-                    core.store.apply(taken[0])
-                    core.deletes_applied(taken[1])
-                    moved = True
+            if dispatcher_round(self.cores, self.now, lambda node_id: self.edge):
+                moved = True
             self.flush()
             if not moved:
                 return
