@@ -115,16 +115,18 @@ class AckEvent(NamedTuple):
 
 
 class FailedEvent(NamedTuple):
-    """The node dropped the fanout message tagged ``row_key`` (its session queue was full)."""
+    """The node dropped the fanout message tagged ``row_key`` (its session queue was full), or it is
+    ``too_large`` for the vehicle's MQTT 5 Maximum Packet Size (the row is then discarded)."""
 
     kind: int  # EV_FAILED
     client_id: str
     generation: int
     row_key: bytes
+    too_large: bool
 
     @staticmethod
-    def build(client_id: str, generation: int, row_key: bytes) -> tuple:
-        return (EV_FAILED, client_id, generation, row_key)
+    def build(client_id: str, generation: int, row_key: bytes, too_large: bool = False) -> tuple:
+        return (EV_FAILED, client_id, generation, row_key, too_large)
 
 
 class SyncEvent(NamedTuple):

@@ -75,6 +75,7 @@ class DispatcherCore:
         self.rows_enqueued = 0
         self.commits = 0
         self.discarded = 0
+        self.too_large = 0  # rows discarded because the vehicle's Maximum Packet Size is below their message
 
     # -- events from nodes -------------------------------------------------------------------------------
 
@@ -105,8 +106,11 @@ class DispatcherCore:
                     _, cid, gen, subscribed, at_us = e
                     vd.on_subscribe(cid, gen, subscribed, at_us)
                 elif kind == EV_FAILED:
-                    _, cid, gen, key = e
-                    vd.on_send_failed(cid, gen, key)
+                    _, cid, gen, key, too_large = e
+                    if too_large:
+                        self._too_large(cid, gen, key)
+                    else:
+                        vd.on_send_failed(cid, gen, key)
                 elif kind == EV_SYNC:
                     _, cid, gen, subscribed, key = e
                     if self._connect(node, cid, gen):
@@ -322,8 +326,19 @@ class DispatcherCore:
         for vin, gen, key, status in failures:
             if status == DeliverStatus.NOT_CONNECTED:
                 vd.on_disconnect(vin, gen)
+            elif status == DeliverStatus.TOO_LARGE:
+                self._too_large(vin, gen, key)
             else:
                 vd.on_send_failed(vin, gen, key, unsubscribed=status == DeliverStatus.NOT_SUBSCRIBED)
+
+    def _too_large(self, vin: str, generation: int, row_key: bytes) -> None:
+        """The vehicle's connection cannot take the row's message (MQTT 5 Maximum Packet Size): resending it
+        on every heartbeat would block every later row of the vehicle, so the row is discarded (its request
+        counts it as discarded) and the next one is sent."""
+        if self.vd.discard_inflight(vin, generation, row_key):
+            self.discarded += 1
+            self.too_large += 1
+            log.warning("fanout row too large for the vehicle discarded", vin=vin, row_key=row_key, shard=self.shard)
 
     def call_failed(self, node: str, sends: list[tuple]) -> None:
         """A ``deliver`` call raised (not a dead node): its rows stay pending, in-flight state is cleared.

@@ -239,6 +239,16 @@ class VinDispatcher:
             self._clear_inflight(vs)
         return []
 
+    def discard_inflight(self, vin: str, generation: int, row_key: bytes) -> bool:
+        """Discard ``row_key`` if it is the row in flight to connection ``generation`` of ``vin`` (else the
+        report is stale: counted, nothing done); the next row is sent."""
+        vs = self._vins.get(vin)
+        if vs is None or vs.generation != generation or vs.inflight is None or vs.inflight.key != row_key:
+            self._stale += 1
+            return False
+        self.discard_row(vin, row_key)
+        return True
+
     def discard_row(self, vin: str, row_key: bytes, *, expired: bool = False) -> list[Action]:
         """Drop a row that cannot be delivered (its blob was garbage-collected, or ``expired``: its request's
         ttl passed), then send the next."""

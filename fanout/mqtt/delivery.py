@@ -280,13 +280,16 @@ class Delivery:
             return encode_publish(m.topic, m.payload, m.qos, m.retain, dup, pid)
         return out_publish(self._st, conn, m, pid, dup, resend)
 
-    def _discard(self, s: Session, pid: int, m: OutMsg) -> None:
-        """Take ``m`` (put in flight as ``pid``) back out: it is not sent (expired or too large)."""
+    def _discard(self, s: Session, pid: int, m: OutMsg) -> DeliverStatus:
+        """Take ``m`` (put in flight as ``pid``) back out: it is not sent (expired or too large); returns which."""
         if s.inflight.pop(pid, None) is not None:
             s.bytes -= m.size
         self._st.pub_dropped += 1
+        props = m.props
+        expired = props is not None and props.expires_ms is not None and self._st.now >= props.expires_ms
         if m.tag is not None:
-            self._emit(DeliveryDropped(s.client_id, m.tag))
+            self._emit(DeliveryDropped(s.client_id, m.tag, not expired))
+        return DeliverStatus.DROPPED if expired else DeliverStatus.TOO_LARGE
 
     # -- one session -------------------------------------------------------------------------
 
@@ -296,8 +299,7 @@ class Delivery:
             pid = s.send(m)
             data = self._publish(s.conn, m, pid, m.dup)
             if data is None:
-                self._discard(s, pid, m)
-                return DeliverStatus.DROPPED
+                return self._discard(s, pid, m)
             self._write(s.conn, data)
             self._st.pub_sent += 1
             return _SENT

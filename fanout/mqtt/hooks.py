@@ -32,6 +32,7 @@ class DeliverStatus(IntEnum):
     NOT_CONNECTED = 2  # no live connection for that client id: nothing was done
     NOT_SUBSCRIBED = 3  # connected, but no subscription of the client matches the topic
     DROPPED = 4  # the session queue was full and its policy (offline_drop = newest) dropped this one
+    TOO_LARGE = 5  # over the MQTT 5 client's Maximum Packet Size: not sent, and never will be on this connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +129,12 @@ class Delivered:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryDropped:
-    """A tagged message given to :meth:`Broker.deliver` was dropped by a full session queue."""
+    """A tagged message given to :meth:`Broker.deliver` was dropped: by a full session queue, expired, or
+    ``too_large`` for the client's Maximum Packet Size (MQTT 5; it will never fit that connection)."""
 
     client_id: str
     tag: Hashable
+    too_large: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,7 +175,7 @@ class NodeCore(BrokerHooks):
             elif t is DeliveryDropped:
                 entry = live.get(e.client_id)
                 if entry is not None and type(e.tag) is bytes:
-                    self._emit(entry[2], FailedEvent.build(e.client_id, entry[1], e.tag))
+                    self._emit(entry[2], FailedEvent.build(e.client_id, entry[1], e.tag, e.too_large))
         if woke or pending:
             self._wake()
 

@@ -258,3 +258,32 @@ async def test_publishes_forwarded_to_another_node_keep_their_mqtt5_properties(t
     finally:
         a.close()
         b.close()
+
+
+# -- a blob larger than the vehicle accepts ----------------------------------------------------------------------
+
+async def test_a_blob_over_the_vehicles_maximum_packet_size_is_discarded_and_the_next_row_delivered(cluster):
+    """Not sent (MQTT-3.1.2-25) and recorded: the row is discarded (its request says so) instead of being
+    retried on every heartbeat in front of the vehicle's later rows."""
+    car = Client5(cluster, "V1", maximum_packet_size=300)
+    car.subscribe5("agent/V1/proxy/request/+")
+    await cluster.pump()
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/big", b"B" * 1000, 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"], "r-big", "big"), 1, False, False, 2),
+           Publish5("$SDV-FANOUT/data/small", b"small", 1, False, False, 3),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"], "r-small", "small"), 1, False, False, 4))
+    await cluster.pump()
+    assert [code for _pid, code, _r in p.acks5()] == [0, 0, 0, 0]
+    car.send(Publish5("ecp/V1/online", b"", 0))
+    await cluster.pump()
+    (msg,) = car.publishes5()
+    assert (msg.topic, msg.payload) == ("agent/V1/proxy/request/r-small", b"small")
+    car.send(Puback5(msg.packet_id, 0))
+    await cluster.pump()
+    core = next(c for c in cluster.cores if c.too_large)
+    assert core.too_large == 1
+    status = core.lifecycle.status("r-big", [])
+    assert (status["pending"], status["discarded"]) == (0, 1), status
+    assert cluster.pending() == 0
+    assert cluster.broker.state.too_large_dropped == 1

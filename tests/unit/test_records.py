@@ -30,7 +30,7 @@ from storage import ShardStore
 
 SAMPLES = {"client_id": "V1", "vin": "V1", "generation": 7, "session_present": True, "subscribed": True,
            "inflight_key": b"V1\x00k", "row_key": b"V1\x00k", "at_us": 12, "request_id": "r1", "data_id": "d1",
-           "dup": True, "status": 3, "blob": b"B", "ts_ms": 5, "joined_vins": "V1\nV2", "ttl_ms": 3000, "topic": "t",
+           "dup": True, "too_large": True, "status": 3, "blob": b"B", "ts_ms": 5, "joined_vins": "V1\nV2", "ttl_ms": 3000, "topic": "t",
            "payload": b"p", "qos": 1, "retain": False, "deliveries": [], "payloads": {}, "kicks": [],
            "properties": Properties(content_type="text/plain", user_properties=(("trace", "t1"),))}
 
@@ -143,7 +143,7 @@ def test_a_dropped_fanout_message_is_a_failure_and_a_failed_event(pair):
     core.delivery_failures("n0", roundtrip(failures))  # the dispatcher core reads the node's failures
     flush(broker)
     (failed,) = ship_events(node, core)
-    assert read_event(failed) == FailedEvent(failed[0], "V1", gen, b"V1\x00k")
+    assert read_event(failed) == FailedEvent(failed[0], "V1", gen, b"V1\x00k", False)
 
 
 def test_deliveries_failures_and_kicks_round_trip_between_the_cores(pair):
