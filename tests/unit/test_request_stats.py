@@ -1,7 +1,7 @@
 """The ``requests`` table (storage.request_stats): counters kept by the writes equal a recount of the rows.
 
 Random sequences of ingest, PUBACK (also late, of a settled row), discard, expiry (per row and of a whole
-request), cancel, a ttl, GC deletes of ``reqs`` rows and restarts run against a primary store; every batch
+request), cancel, a ttl, GC deletes of ``reqs`` rows and of ``ids`` rows (``settle_ids_if``) and restarts run against a primary store; every batch
 is shipped as bytes to a replica store, as replication does. After each sequence both stores' counters
 equal a recount of their ``reqs`` rows, and the replica's tables equal the primary's.
 """
@@ -36,6 +36,16 @@ def recount(store: ShardStore) -> dict[str, dict[str, int]]:
     return {rid: {s: c[s] for s in request_stats.STATUSES} for rid, c in out.items()}
 
 
+def stranded(store: ShardStore) -> list[tuple[str, str]]:
+    """``reqs`` rows still pending while their VIN has no queued row of the request (counted pending forever)."""
+    rows, cursor = store.scan(tables.REQS, None, 1000)
+    while cursor is not None:
+        more, cursor = store.scan(tables.REQS, cursor, 1000)
+        rows += more
+    return [(r["request_id"], r["vin"]) for r in rows if r["status"] == tables.STATUS_PENDING
+            and not any(q.request_id == r["request_id"] for q in store.next_rows(r["vin"], 1000))]
+
+
 def counters(store: ShardStore) -> dict[str, dict[str, int]]:
     return {c["request_id"]: {s: c[s] for s in request_stats.STATUSES}
             for c in store.request_counters_all() if c["vins"]}
@@ -56,6 +66,7 @@ OPS = st.one_of(
     st.tuples(st.just("cancel"), st.sampled_from(REQUESTS)),
     st.tuples(st.just("ttl"), st.sampled_from(REQUESTS), st.integers(1, 10_000)),
     st.tuples(st.just("gc_reqs"), st.sampled_from(REQUESTS), st.sampled_from(VINS)),
+    st.tuples(st.just("gc_ids"), st.sampled_from(VINS), st.sampled_from(["expired", "discarded"])),
     st.tuples(st.just("restart")),
 )
 
@@ -82,6 +93,10 @@ def batch_for(store: ShardStore, op: tuple, now: int) -> WriteBatch | None:
         return WriteBatch().set_expiry(op[1], T0 + op[2])
     if kind == "gc_reqs":
         return WriteBatch().delete_reqs(op[1], op[2])
+    if kind == "gc_ids":  # a GC plan's delete of the VIN's oldest row: past retention, or its blob gone
+        rows = store.next_rows(op[1], limit=1)
+        return None if not rows else WriteBatch().settle_ids_if(op[1], rows[0].ts_ms, rows[0].request_id,
+                                                                rows[0].data_id, op[2], now)
     raise AssertionError(kind)
 
 
@@ -104,6 +119,7 @@ def test_counters_equal_a_recount_of_the_rows(ops):
                 replica.apply(WriteBatch.from_bytes(batch.to_bytes()), seq=result.seq)
             for store in (primary, replica):
                 assert counters(store) == recount(store)
+                assert not stranded(store)  # GC's ids deletes settled their rows: nothing pending unqueued
                 for c in store.request_counters_all():
                     times = delivered_times(store, c["request_id"])
                     if times:
