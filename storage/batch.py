@@ -45,6 +45,7 @@ DISCARD = 15  # (op, vin, ts_ms, request_id, discarded_ts_ms)
 EXPIRE = 16  # (op, vin, ts_ms, request_id, expired_ts_ms)
 SETTLE_PENDING = 17  # (op, request_id, status, ts_ms): every pending row of the request -> status (cancel, expiry)
 SET_EXPIRY = 18  # (op, request_id, expires_ms)
+SETTLE_IDS_IF = 19  # (op, vin, ts_ms, request_id, expected_data_id, status, settled_ts_ms)
 
 OP_NAMES: dict[int, str] = {
     PUT_BLOB: "put_blob",
@@ -65,8 +66,10 @@ OP_NAMES: dict[int, str] = {
     EXPIRE: "expire",
     SETTLE_PENDING: "settle_pending",
     SET_EXPIRY: "set_expiry",
+    SETTLE_IDS_IF: "settle_ids_if",
 }
 SETTLE_STATUSES = ("cancelled", "expired")  # what settle_pending may set (storage.tables.STATUS_*)
+GC_SETTLE_STATUSES = ("expired", "discarded")  # what settle_ids_if may set: past retention, blob gone
 
 # Rough stored bytes per op (key + value + node headers, pages ~2/3 full); used to grow the map
 # before a big batch instead of failing it once with MapFullError.
@@ -277,6 +280,24 @@ class WriteBatch:
         keys.ids_key(vin, ts_ms, request_id)
         keys.check_data_id(expected_data_id)
         self.ops.append((DELETE_IDS_IF, vin, ts_ms, request_id, expected_data_id))
+        return self
+
+    def settle_ids_if(self, vin: str, ts_ms: int, request_id: str, expected_data_id: str, status: str,
+                      settled_ts_ms: int) -> WriteBatch:
+        """GC: delete one ``ids`` row only if it still points at ``expected_data_id``, and settle its ``reqs``
+        row as ``status`` (``"expired"``: older than the retention; ``"discarded"``: its blob is gone), so the
+        request's counters move in the same transaction. The ``reqs`` row is settled only while it is pending
+        and still describes this row (same ``ts_ms``; a re-queued VIN's row describes its newer row).
+
+        Raises:
+            ValueError: invalid arguments, or a status not in :data:`GC_SETTLE_STATUSES`.
+        """
+        keys.ids_key(vin, ts_ms, request_id)
+        keys.check_data_id(expected_data_id)
+        if status not in GC_SETTLE_STATUSES:
+            raise ValueError(f"settle_ids_if status must be one of {GC_SETTLE_STATUSES}, got {status!r}")
+        self.ops.append((SETTLE_IDS_IF, vin, ts_ms, request_id, expected_data_id, status,
+                         keys.check_ts_ms(settled_ts_ms, "settled_ts_ms")))
         return self
 
     def repoint_ids_if(

@@ -36,6 +36,7 @@ from storage.request_stats import RequestTally, is_cancelled
 
 _TS = struct.Struct(">Q")
 _SEP = keys.SEP
+_SETTLED_UNDELIVERED = frozenset((tables.STATUS_EXPIRED, tables.STATUS_DISCARDED, tables.STATUS_CANCELLED))
 
 
 class Dbs(NamedTuple):
@@ -185,26 +186,69 @@ def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
-    _, vin, ts_ms, request_id, expected = op
+def _guarded_ids_key(txn: lmdb.Transaction, dbs: Dbs, vin: str, ts_ms: int, request_id: str, expected: str,
+                     counts: Counts) -> bytes | None:
+    """The ``ids`` key of a GC op if its row still points at ``expected`` (else None, counted ``guard_skipped``)."""
     key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
     raw = txn.get(key, db=dbs.ids)
     if raw is None or tables.unpack(raw) != expected:
         _inc(counts, "guard_skipped")
+        return None
+    return key
+
+
+def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    _, vin, ts_ms, request_id, expected = op
+    key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
+    if key is not None:
+        txn.delete(key, db=dbs.ids)
+        _inc(counts, "deleted")
+
+
+def _settle_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    """GC: delete an ``ids`` row past retention or without its blob, and settle its ``reqs`` row (expired,
+    discarded) in the same transaction, so the request's counters no longer count it pending."""
+    _, vin, ts_ms, request_id, expected, status, settled_ts_ms = op
+    key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
+    if key is None:
         return
     txn.delete(key, db=dbs.ids)
     _inc(counts, "deleted")
+    rkey = request_id.encode() + _SEP + vin.encode()
+    raw = txn.get(rkey, db=dbs.reqs)
+    if raw is None:
+        return
+    req_ts, data_id, old_status, _ = tables.unpack(raw)
+    if old_status != tables.STATUS_PENDING:
+        return  # settled already (acked, cancelled, expired by its ttl)
+    if req_ts != ts_ms and _queues_request(txn, dbs, vin, request_id):
+        return  # the VIN was queued again for the request (re-used with another blob): that row stays pending
+    tally.finish(request_id, old_status, status, settled_ts_ms)
+    txn.put(rkey, tables.pack([req_ts, data_id, status, settled_ts_ms]), db=dbs.reqs)
+    _inc(counts, f"{status}_rows")
+
+
+def _queues_request(txn: lmdb.Transaction, dbs: Dbs, vin: str, request_id: str) -> bool:
+    """Whether ``vin`` still has an ``ids`` row of ``request_id`` (a scan of the VIN's queue, which is short; only
+    for a ``reqs`` row that does not describe the row just deleted)."""
+    prefix = vin.encode() + _SEP
+    rid = request_id.encode()
+    cur = txn.cursor(dbs.ids)
+    if cur.set_range(prefix):
+        for key in cur.iternext(values=False):
+            if not key.startswith(prefix):
+                break
+            if key[len(prefix) + 8:] == rid:
+                return True
+    return False
 
 
 def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected, new_data_id = op
-    key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
-    raw = txn.get(key, db=dbs.ids)
-    if raw is None or tables.unpack(raw) != expected:
-        _inc(counts, "guard_skipped")
-        return
-    txn.put(key, tables.pack(new_data_id), db=dbs.ids)
-    _inc(counts, "repointed")
+    key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
+    if key is not None:
+        txn.put(key, tables.pack(new_data_id), db=dbs.ids)
+        _inc(counts, "repointed")
 
 
 def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
@@ -221,7 +265,10 @@ def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     raw = txn.get(key, db=dbs.reqs)
     if raw is not None:
         ts_ms, _data_id, status, _ = tables.unpack(raw)
-        if ts_ms == expected_ts and status == expected_status:
+        # a row seen pending may since have been settled undelivered (by this plan's own settle_ids_if, a
+        # ttl expiry, a cancel): it is as dead as when it was seen; a re-queue (new ts) or an ack keeps it
+        if ts_ms == expected_ts and (status == expected_status or (
+                expected_status == tables.STATUS_PENDING and status in _SETTLED_UNDELIVERED)):
             txn.delete(key, db=dbs.reqs)
             tally.move(request_id, status, None)
             _inc(counts, "deleted")
@@ -314,6 +361,7 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, RequestTally]
     B.EXPIRE: _expire,
     B.SETTLE_PENDING: _settle_pending,
     B.SET_EXPIRY: _set_expiry,
+    B.SETTLE_IDS_IF: _settle_ids_if,
 }
 
 

@@ -19,6 +19,14 @@ whose counts all fall to 0 (GC deleted every ``reqs`` row) is deleted unless it 
 cancel. A cancel is final: the time it happened (``cancelled_ms``) stays in the row, and an ``enqueue`` of a
 cancelled request id queues nothing (a trigger re-sent by the platform, or the rest of a big trigger whose head
 was written before the cancel).
+
+Migration: a store written before this table existed has no counters for its requests. At open
+(:class:`storage.shard.ShardStore`), a store whose ``sys`` lacks :data:`tables.SYS_REQUESTS_BUILT` gets its
+counters built once by :func:`rebuild` -- one pass over ``reqs`` in the open's write transaction, which also
+sets the mark, so it never runs again. Every replica runs it the same way when it opens its own store, rather
+than receiving it as a shipped batch: the counters are a function of the ``reqs`` rows, which replication keeps
+equal on every replica at the same ``applied_seq``, and a replica opens (and may be promoted) without a
+primary to ship anything. The rows written after that maintain the counters incrementally on each replica.
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from typing import Any, Iterator
 
 import lmdb
 
-from storage import tables
+from storage import keys, tables
 
 STATUSES: tuple[str, ...] = (tables.STATUS_PENDING, tables.STATUS_DELIVERED, tables.STATUS_DISCARDED,
                              tables.STATUS_EXPIRED, tables.STATUS_CANCELLED)
@@ -119,6 +127,45 @@ class RequestTally:
         return written
 
 
+def rebuild(txn: lmdb.Transaction, reqs_db: Any, requests_db: Any) -> tuple[int, int]:
+    """Set every request's counts to a recount of its ``reqs`` rows (the one-time migration, see the module
+    docstring). A ``requests`` row already there keeps its expiry and cancel times, and its first/last delivery
+    times are widened, not narrowed (they also cover rows GC removed since): on a store whose counters were
+    kept all along this writes the same values back.
+
+    Returns:
+        ``(requests written, reqs rows read)``.
+    """
+    recounted: dict[str, list[Any]] = {}
+    rows = 0
+    unpack, decode_key, delivered = tables.unpack, keys.decode_reqs_key, _DELIVERED_STATUS
+    for key, raw in txn.cursor(reqs_db):
+        request_id = decode_key(key)[0]
+        _ts, _data_id, status, done_ms = unpack(raw)
+        row = recounted.get(request_id)
+        if row is None:
+            row = recounted[request_id] = _empty()
+        row[_INDEX[status]] += 1
+        if status == delivered and done_ms is not None:
+            row[_FIRST] = done_ms if row[_FIRST] is None else min(row[_FIRST], done_ms)
+            row[_LAST] = done_ms if row[_LAST] is None else max(row[_LAST], done_ms)
+        rows += 1
+    kept = [(bytes(key), unpack(raw)) for key, raw in txn.cursor(requests_db)]
+    for key, old in kept:
+        row = recounted.pop(key.decode("utf-8"), None) or _empty()
+        for i, pick in ((_FIRST, min), (_LAST, max)):
+            known = [v for v in (old[i], row[i]) if v is not None]
+            row[i] = pick(known) if known else None
+        row[_EXPIRES], row[_CANCELLED_AT] = old[_EXPIRES], old[_CANCELLED_AT]
+        if any(row[:_N]) or row[_EXPIRES] is not None or row[_CANCELLED_AT] is not None:
+            txn.put(key, tables.pack(row), db=requests_db)
+        else:
+            txn.delete(key, db=requests_db)
+    for request_id, row in recounted.items():
+        txn.put(request_id.encode(), tables.pack(row), db=requests_db)
+    return len(kept) + len(recounted), rows
+
+
 def decode(request_id: str, raw: bytes) -> dict[str, Any]:
     """A ``requests`` value as ``{request_id, vins, pending, delivered, ..., expires_ms}``."""
     row = tables.unpack(raw)
@@ -203,5 +250,5 @@ def count_states(shard_rows: list[list[tuple[str, int, int, int]]]) -> dict[str,
         out[_state(pending, cancelled, expired)] += 1
     return out
 
-__all__ = ["RequestTally", "STATUSES", "FIELDS", "REQUEST_STATES", "decode", "read_one", "iter_all", "iter_states",
+__all__ = ["RequestTally", "STATUSES", "FIELDS", "REQUEST_STATES", "rebuild", "decode", "read_one", "iter_all", "iter_states",
            "merge", "state_of", "count_states"]

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import lmdb
 import structlog
 
-from storage import snapshot, tables
+from storage import request_stats, snapshot, tables
 from storage.batch_apply import Dbs, apply_ops
 from storage.batch import WriteBatch, gc_paused
 from storage.errors import FencedError, SequenceError, StoreClosedError, StoreError, StoreFullError
@@ -159,7 +159,18 @@ class ShardStore(ShardReader):
                 txn.put(tables.SYS_SHARD_ID, tables.pack(self.shard_id), db=handles[tables.SYS])
             elif raw is not None and tables.unpack(raw) != self.shard_id:
                 raise StoreError(f"{self.path} holds shard {tables.unpack(raw)}, not shard {self.shard_id}")
+            if not self.readonly and txn.get(tables.SYS_REQUESTS_BUILT, db=handles[tables.SYS]) is None:
+                self._build_request_counters(txn, handles)
         return handles
+
+    def _build_request_counters(self, txn: lmdb.Transaction, handles: dict[str, Any]) -> None:
+        """One-time migration of a store written before the ``requests`` counters (``request_stats.rebuild``)."""
+        started = time.perf_counter()
+        requests, rows = request_stats.rebuild(txn, handles[tables.REQS], handles[tables.REQUESTS])
+        txn.put(tables.SYS_REQUESTS_BUILT, tables.pack(1), db=handles[tables.SYS])
+        (log.info if rows else log.debug)("request_counters_built", shard=self.shard_id, path=str(self.path),
+                                          requests=requests, reqs_rows=rows,
+                                          duration_s=round(time.perf_counter() - started, 3))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -46,6 +46,7 @@ STATUS_CANCELLED = "cancelled"  # removed undelivered by a cancel of its request
 SYS_APPLIED_SEQ = b"applied_seq"
 SYS_EPOCH = b"epoch"
 SYS_SHARD_ID = b"shard_id"
+SYS_REQUESTS_BUILT = b"requests_built"  # the requests counters were built from the reqs rows (storage.request_stats)
 
 ROW_FIELDS: dict[str, tuple[str, ...]] = {
     DATA: ("data_id", "blob"),

@@ -2,7 +2,7 @@
 
 - ``fanout export --out DIR``: Parquet export of every shard (with ``_watermark.json`` per shard).
 - ``fanout report [--request ID]``: per-request delivery report (queued, delivered, pending,
-  expired, delivery-time percentiles) from a fresh export, or from ``--export DIR``.
+  expired, discarded, cancelled, delivery-time percentiles) from a fresh export, or from ``--export DIR``.
 - :func:`run_offline_gc`: one GC cycle (export, Spark plan, guarded apply) on the ``shard-<k>`` stores of
   a data dir opened in this process, with a progress display and a summary of what was deleted. The
   ``gc`` command itself is registered by :mod:`cluster.cli.gc`, which also offers ``--live`` (through the
@@ -224,13 +224,14 @@ def print_report(console: Any, rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="delivery report")
-    for name in ("request_id", "queued", "delivered", "pending", "expired", "p50 ms", "p95 ms", "p99 ms"):
+    counted = ("queued", "delivered", "pending", "expired", "discarded", "cancelled")
+    for name in ("request_id", *counted, "p50 ms", "p95 ms", "p99 ms"):
         table.add_column(name, justify="left" if name == "request_id" else "right")
     for r in rows:
-        table.add_row(r["request_id"], f"{r['queued']:,}", f"{r['delivered']:,}", f"{r['pending']:,}",
-                      f"{r['expired']:,}", *(_ms(r[k]) for k in ("p50_ms", "p95_ms", "p99_ms")))
+        table.add_row(r["request_id"], *(f"{r[k]:,}" for k in counted),
+                      *(_ms(r[k]) for k in ("p50_ms", "p95_ms", "p99_ms")))
     if not rows:
-        table.add_row("-", "0", "0", "0", "0", "-", "-", "-")
+        table.add_row("-", *("0" for _ in counted), "-", "-", "-")
     console.print(table)
 
 

@@ -16,6 +16,11 @@ Strategy:
   in the same transaction, so after a crash ``apply_plan`` resumes at the first chunk not
   committed. Chunking is deterministic (same files, same order), and even a full re-run would only
   skip guarded ops.
+- Counters: an ``ids`` row deleted because it is past retention or its blob is gone becomes a
+  ``settle_ids_if`` op, which also settles the row's pending ``reqs`` row (``expired``, ``discarded``) and so
+  moves its request's counters (``storage.request_stats``) in the same transaction; a duplicate's delete is a
+  plain ``delete_ids_if`` (the VIN's oldest row stays queued). The later ``delete_reqs_if`` of a row seen
+  pending also takes it once settled undelivered, so retention still removes it in the same cycle.
 - Watermark: a store whose ``applied_seq`` is below the plan's watermark for its shard is not the
   store the snapshot came from (or was restored to an older state): the plan is refused.
 """
@@ -33,9 +38,11 @@ import pyarrow.dataset as ds
 import structlog
 
 from storage import batch as B
+from storage import tables
 from storage.batch import WriteBatch
 from storage.errors import StoreError
-from storage.jobs.plan import ACTIONS, OP_DELETE_BLOB, OP_DELETE_IDS, OP_DELETE_REQS, OP_REPOINT_IDS, PHASES, read_plan
+from storage.jobs.plan import (ACTIONS, OP_DELETE_BLOB, OP_DELETE_IDS, OP_DELETE_REQS, OP_REPOINT_IDS, PHASES,
+                                REASON_EXPIRED, REASON_ORPHAN, read_plan)
 from storage.shard import ShardStore
 
 log = structlog.get_logger(__name__)
@@ -45,7 +52,7 @@ PROGRESS_METRIC = "gc/plan_progress"
 
 _COLUMNS: dict[str, list[str]] = {
     OP_REPOINT_IDS: ["vin", "ts_ms", "request_id", "data_id", "new_data_id"],
-    OP_DELETE_IDS: ["vin", "ts_ms", "request_id", "data_id"],
+    OP_DELETE_IDS: ["vin", "ts_ms", "request_id", "data_id", "reason"],
     OP_DELETE_REQS: ["request_id", "vin", "ts_ms", "status"],
     OP_DELETE_BLOB: ["data_id", "ts_ms"],
 }
@@ -55,6 +62,10 @@ _OPCODE: dict[str, int] = {
     OP_DELETE_REQS: B.DELETE_REQS_IF,
     OP_DELETE_BLOB: B.DELETE_BLOB_IF,
 }
+
+_SETTLE_STATUS: dict[str, str] = {REASON_EXPIRED: tables.STATUS_EXPIRED, REASON_ORPHAN: tables.STATUS_DISCARDED}
+"""What an ``ids`` row deleted for this reason makes of its pending ``reqs`` row (a duplicate: nothing, the
+VIN's oldest row of the same blob stays queued)."""
 
 ApplyProgress = Callable[[int, int, int], None]
 """``progress(shard, ops_done, ops_total)``, called after each committed batch."""
@@ -146,7 +157,8 @@ def plan_batches(
         for record_batch in selected:
             if record_batch.num_rows == 0:
                 continue
-            chunk.extend(_ops(op_name, [record_batch.column(i).to_pylist() for i in range(record_batch.num_columns)]))
+            chunk.extend(_ops(op_name, [record_batch.column(i).to_pylist() for i in range(record_batch.num_columns)],
+                              plan.now_ms))
             while len(chunk) >= chunk_ops:
                 if index >= start_chunk:
                     yield _batch(chunk[:chunk_ops], plan.plan_id, index + 1, plan.now_ms)
@@ -248,7 +260,11 @@ def resume_chunk(store: ShardStore, plan_id: str) -> int:
     return 0
 
 
-def _ops(op_name: str, cols: list[list[Any]]) -> list[tuple[Any, ...]]:
+def _ops(op_name: str, cols: list[list[Any]], now_ms: int) -> list[tuple[Any, ...]]:
+    if op_name == OP_DELETE_IDS:  # past retention or blob gone: settle the reqs row too (its counters move)
+        status_of = _SETTLE_STATUS.get
+        return [(B.SETTLE_IDS_IF, vin, ts, rid, did, status, now_ms) if (status := status_of(reason)) is not None
+                else (B.DELETE_IDS_IF, vin, ts, rid, did) for vin, ts, rid, did, reason in zip(*cols)]
     return list(zip(repeat(_OPCODE[op_name], len(cols[0])), *cols))  # tuples built by zip, in C
 
 

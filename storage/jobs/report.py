@@ -7,8 +7,11 @@ touching the live store. Per request_id:
 - ``queued``: VINs with a ``reqs`` row (rows already removed by GC are no longer counted);
 - ``delivered``: status ``delivered``;
 - ``pending``: status ``pending`` and enqueued within the retention (``ts_ms >= now - retention``);
-- ``expired``: status ``expired`` (not delivered within its trigger's ttl), or status ``pending`` and older
-  than the retention (GC will drop them);
+- ``expired``: status ``expired`` (not delivered within its trigger's ttl, or removed by GC past the
+  retention), or status ``pending`` and older than the retention (GC will drop them);
+- ``discarded``: status ``discarded`` (dropped undelivered: its blob was gone when it was due, or GC removed
+  it for that reason);
+- ``cancelled``: status ``cancelled`` (removed undelivered by a cancel of the request);
 - ``p50_ms``/``p95_ms``/``p99_ms``: exact percentiles (linear interpolation, Spark ``percentile``,
   rounded to 1 us) of ``delivered_ts_ms - ts_ms`` over the delivered VINs, None when nothing was
   delivered;
@@ -37,7 +40,7 @@ log = structlog.get_logger(__name__)
 
 REPORT_SUBDIR = "report"
 REPORT_COLUMNS: tuple[str, ...] = (
-    "request_id", "queued", "delivered", "pending", "expired", "p50_ms", "p95_ms", "p99_ms",
+    "request_id", "queued", "delivered", "pending", "expired", "discarded", "cancelled", "p50_ms", "p95_ms", "p99_ms",
     "first_ts_ms", "last_delivered_ts_ms",
 )
 PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
@@ -90,12 +93,14 @@ def compute_report(
             F.count(F.when(pending & (col("ts_ms") >= cutoff), 1)).alias("pending"),
             F.count(F.when((pending & (col("ts_ms") < cutoff)) | (col("status") == tables.STATUS_EXPIRED), 1))
             .alias("expired"),
+            F.count(F.when(col("status") == tables.STATUS_DISCARDED, 1)).alias("discarded"),
+            F.count(F.when(col("status") == tables.STATUS_CANCELLED, 1)).alias("cancelled"),
             F.percentile(latency, list(PERCENTILES)).alias("pct"),
             F.min("ts_ms").alias("first_ts_ms"),
             F.max(F.when(delivered, col("delivered_ts_ms"))).alias("last_delivered_ts_ms"),
         )
         .select(
-            "request_id", "queued", "delivered", "pending", "expired",
+            "request_id", "queued", "delivered", "pending", "expired", "discarded", "cancelled",
             *[F.round(col("pct")[i], 3).alias(name) for i, name in enumerate(("p50_ms", "p95_ms", "p99_ms"))],
             "first_ts_ms", "last_delivered_ts_ms",
         )

@@ -20,6 +20,7 @@ from storage.jobs import plan_apply as A
 from storage.jobs import plan as P
 from storage.jobs.cycle import run_gc_cycle
 from storage.jobs.export import export_shard
+from tests.unit.test_request_stats import counters, recount
 
 DAY = 86_400_000
 NOW = 400 * DAY
@@ -52,6 +53,15 @@ def build(data_dir) -> dict[int, ShardStore]:
     s1.apply(WriteBatch().put_blob("b-old", b"OLD", OLD).put_blob("b1", b"ONE", YOUNG))
     s1.apply(WriteBatch().enqueue_many(["U1"], OLD, "r1", "b1").enqueue_many(["U2"], YOUNG, "r1", "b1"))
     return {0: s0, 1: s1}
+
+
+def pending_by_vin(store: ShardStore) -> dict[str, dict[str, int]]:
+    """Per VIN: its pending reqs rows (each VIN of ``build`` has rows of one request at most queued)."""
+    out: dict[str, dict[str, int]] = {}
+    for c in store.request_counters_all():
+        for row in store.request_rows(c["request_id"]):
+            out.setdefault(row["vin"], {"pending": 0})["pending"] += row["status"] == "pending"
+    return out
 
 
 def _ids(reason, vin, ts, rid, did):
@@ -121,7 +131,8 @@ def test_known_snapshot_gives_the_exact_plan(planned, exported):
         got = actions(plan_dir, shard)
         assert len(got) == len(set(got)) and set(got) == EXPECTED[shard], shard
         codes = [op[0] for batch in A.plan_batches(plan_dir, shard) for op in batch.ops[:-1]]
-        assert codes == sorted(codes, key=[14, 6, 8, 10].index)  # applied repoints, ids, reqs, blobs
+        phase = {14: 0, 6: 1, 19: 1, 8: 2, 10: 3}  # repoints, ids (settle_ids_if: expired, orphan), reqs, blobs
+        assert codes == sorted(codes, key=phase.__getitem__) and 19 in codes
         assert info.watermarks[shard]["applied_seq"] == infos[shard].applied_seq
     assert info.counts[0] == {"repoint_ids/content_duplicate": 1, "delete_ids/expired": 3, "delete_ids/orphan": 1,
                               "delete_ids/duplicate": 2, "delete_reqs/expired": 2, "delete_blob/expired": 1,
@@ -155,6 +166,14 @@ def test_apply_leaves_young_rows_and_removes_old(planned, fresh):
     assert s0.get_req("r-exp", "V-EXP") is None and s0.get_req("r-ack", "V-ACK") is None
     assert s0.get_req("r-edge", "V-EDGE") is not None
     assert s1.next_rows("U1") == [] and s1.next_rows("U2")[0].data_id == "b1" and s1.get_blob("b-old") is None
+    # the counters followed every delete: V-ORPH's row (blob gone) counts discarded, nothing counts pending
+    # without a queued row, and each store's counters equal a recount of its reqs rows
+    assert s0.get_req("r-orph", "V-ORPH")["status"] == "discarded"
+    assert s0.request_counters("r-orph")["discarded"] == 1 and s0.request_counters("r-orph")["pending"] == 0
+    assert s0.request_counters("r-exp") is None and s0.request_counters("r-dx")["pending"] == 1
+    for store in (s0, s1):
+        assert counters(store) == recount(store)
+        assert all(s["pending"] == len(store.next_rows(v, 9)) for v, s in pending_by_vin(store).items())
 
 
 def test_row_requeued_between_export_and_apply_survives_and_second_apply_deletes_nothing(planned, fresh):

@@ -10,7 +10,7 @@ import time
 import ray
 
 from fanout.records import join_vins
-from storage import shard_of
+from storage import WriteBatch, shard_of
 from storage.jobs.cycle import run_gc_cycle
 
 from .fanout_harness import Vehicle, fanout_config, publish_batch, running_cluster, wait_until
@@ -18,6 +18,7 @@ from .fanout_harness import Vehicle, fanout_config, publish_batch, running_clust
 DAY = 86_400_000
 YOUNG_VINS = [f"YNG{i}" for i in range(6)]
 OLD_VINS = [f"OLD{i}" for i in range(6)]
+GONE_VINS = [f"GON{i}" for i in range(4)]  # young rows whose blob is gone: GC counts them discarded
 
 
 def test_gc_through_the_live_cluster_keeps_young_pending_rows_and_removes_old_ones(ray_local, spark, tmp_path):
@@ -33,12 +34,25 @@ def test_gc_through_the_live_cluster_keeps_young_pending_rows_and_removes_old_on
             mine = [v for v in OLD_VINS if shard_of(v, shards) == k]
             ray.get(d.put_blobs.remote([("d-old", b"OLD", old_ts)]))
             assert ray.get(d.ingest.remote([("old-req", "d-old", join_vins(mine), old_ts, 0)])) == [{"vins": len(mine)}]
-        assert sum(cluster.inspect("vin", v)["pending_rows"] for v in YOUNG_VINS + OLD_VINS) == 12
+            gone = [v for v in GONE_VINS if shard_of(v, shards) == k]
+            ray.get(d.put_blobs.remote([("d-gone", b"GONE", old_ts + 29 * DAY)]))
+            assert ray.get(d.ingest.remote([("gone-req", "d-gone", join_vins(gone), old_ts + 29 * DAY, 0)])) == [
+                {"vins": len(gone)}]
+            ray.get(d.apply_batch.remote(WriteBatch().delete_blob("d-gone").to_bytes()))
+        assert sum(cluster.inspect("vin", v)["pending_rows"] for v in YOUNG_VINS + OLD_VINS + GONE_VINS) == 16
+        assert ray.get(cluster.controller.request_status.remote("gone-req"))["pending"] == 4
 
         summary = run_gc_cycle(gc_target(dispatchers), config=cfg, spark=spark)
 
-        assert summary.planned == {"delete_ids/expired": 6, "delete_reqs/expired": 6, "delete_blob/expired": shards}
-        assert summary.deleted == 12 + shards and summary.skipped == 0 and not summary.refused
+        assert summary.planned == {"delete_ids/expired": 6, "delete_ids/orphan": 4, "delete_reqs/expired": 6,
+                                   "delete_blob/expired": shards}
+        assert summary.deleted == 16 + shards and summary.skipped == 0 and not summary.refused
+        # the counters moved with the rows, on the primaries: the orphans count discarded, the old request
+        # left with its rows (retention), nothing counts pending without a queued row
+        gone_status = ray.get(cluster.controller.request_status.remote("gone-req"))
+        assert (gone_status["vins"], gone_status["pending"], gone_status["discarded"]) == (4, 0, 4)
+        assert ray.get(cluster.controller.request_status.remote("old-req")) is None
+        assert ray.get(cluster.controller.request_status.remote("young-req"))["pending"] == 6
         assert sorted(summary.exported) == list(range(shards))
         assert [cluster.inspect("vin", v)["pending_rows"] for v in OLD_VINS] == [0] * 6
         assert [cluster.inspect("vin", v)["pending_rows"] for v in YOUNG_VINS] == [1] * 6

@@ -24,7 +24,9 @@ OLD = NOW - RETENTION - 1
 def export_dir(tmp_path_factory):
     """Request A: 12 VINs on two shards, 10 delivered after 100, 200, ... 1000 ms, 2 pending.
     Request B: 3 pending young, 2 pending older than retention, 1 delivered long ago (5 s).
-    Request C: 2 VINs on shard 0, one expired by its ttl, one cancelled."""
+    Request C: 2 VINs on shard 0, one expired by its ttl, one cancelled.
+    Request D: 3 VINs on shard 1, one discarded by its dispatcher (blob gone when due), one by GC (an orphan
+    row: ``settle_ids_if``), one pending."""
     root = tmp_path_factory.mktemp("report")
     stores = {k: ShardStore(root / "data" / f"shard-{k}", k, sync=False) for k in (0, 1)}
     a_vins = [f"A{i:02d}" for i in range(12)]
@@ -45,6 +47,10 @@ def export_dir(tmp_path_factory):
     stores[0].apply(WriteBatch().set_expiry("req-C", T + 10).enqueue_many(c_vins, T, "req-C", "d"))
     stores[0].apply(WriteBatch().expire_rows([ids_key(c_vins[0], T, "req-C")], T + 20)
                     .settle_pending("req-C", "cancelled", T + 30))
+    d_vins = [v for v in ("D0", "D1", "D2", "D3", "D4", "D5", "D6") if shard_of(v, 2) == 1][:3]
+    stores[1].apply(WriteBatch().enqueue_many(d_vins, T, "req-D", "d"))
+    stores[1].apply(WriteBatch().discard_rows([ids_key(d_vins[0], T, "req-D")], T + 40)
+                    .settle_ids_if(d_vins[1], T, "req-D", "d", "discarded", T + 50))
     for store in stores.values():
         export_shard(store, root / "export")
         store.close()
@@ -53,18 +59,22 @@ def export_dir(tmp_path_factory):
 
 EXPECTED = {
     "req-A": {"request_id": "req-A", "queued": 12, "delivered": 10, "pending": 2, "expired": 0,
-              "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0, "first_ts_ms": T, "last_delivered_ts_ms": T + 1000},
+              "discarded": 0, "cancelled": 0, "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0, "first_ts_ms": T, "last_delivered_ts_ms": T + 1000},
     "req-B": {"request_id": "req-B", "queued": 6, "delivered": 1, "pending": 3, "expired": 2,
-              "p50_ms": 5000.0, "p95_ms": 5000.0, "p99_ms": 5000.0, "first_ts_ms": OLD,
+              "discarded": 0, "cancelled": 0, "p50_ms": 5000.0, "p95_ms": 5000.0, "p99_ms": 5000.0, "first_ts_ms": OLD,
               "last_delivered_ts_ms": OLD + 5000},
     "req-C": {"request_id": "req-C", "queued": 2, "delivered": 0, "pending": 0, "expired": 1,
+              "discarded": 0, "cancelled": 1,
+              "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None},
+    "req-D": {"request_id": "req-D", "queued": 3, "delivered": 0, "pending": 1, "expired": 0,
+              "discarded": 2, "cancelled": 0,
               "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None},
 }
 
 
 def test_report_numbers_for_known_deliveries(spark, export_dir, tmp_path):
     rows = compute_report(spark, export_dir, now_ms=NOW, retention_ms=RETENTION, out_dir=tmp_path)
-    assert rows == [EXPECTED["req-A"], EXPECTED["req-B"], EXPECTED["req-C"]]
+    assert rows == [EXPECTED["req-A"], EXPECTED["req-B"], EXPECTED["req-C"], EXPECTED["req-D"]]
     written = pq.read_table(tmp_path / "report").to_pylist()
     assert sorted(written, key=lambda r: r["request_id"]) == rows and set(written[0]) == set(REPORT_COLUMNS)
 

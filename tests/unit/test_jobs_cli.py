@@ -77,9 +77,10 @@ def test_print_summary_shows_plan_applied_and_stages():
 
 
 def test_print_report_table():
-    rows = [{"request_id": "req-A", "queued": 1200, "delivered": 10, "pending": 2, "expired": 0,
-             "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0}]
+    rows = [{"request_id": "req-A", "queued": 1200, "delivered": 10, "pending": 2, "expired": 0, "discarded": 3471,
+             "cancelled": 5289, "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0}]
     text = _render(print_report, rows)
     assert "req-A" in text and "1,200" in text and "955.0" in text
+    assert "discarded" in text and "cancelled" in text and "3,471" in text and "5,289" in text
     assert "-" in _render(print_report, [{**rows[0], "p50_ms": None, "p95_ms": None, "p99_ms": None}])
     assert json.dumps(rows)  # report rows are JSON-able as printed by --json

@@ -99,7 +99,8 @@ def test_apply_deletes_and_repoints_in_phase_order(store, tmp_path):
     batches = list(A.plan_batches(tmp_path / "plan", 0, chunk_ops=5))
     assert [len(b) for b in batches] == [6, 6, 6, 2]  # 16 ops, 5 per batch + the progress marker
     codes = [op[0] for b in batches for op in b.ops if op[0] != 13]
-    assert codes == sorted(codes, key=lambda c: [14, 6, 8, 10].index(c))  # repoint, ids, reqs, blobs
+    phase = {14: 0, 6: 1, 19: 1, 8: 2, 10: 3}  # repoint, ids (delete, settle: expired rows), reqs, blobs
+    assert codes == sorted(codes, key=phase.__getitem__) and 19 in codes
     assert batches[-1].ops[-1] == (13, A.PROGRESS_METRIC, "p1:4", T0)
 
     info = A.apply_plan(store, tmp_path / "plan", chunk_ops=5)
@@ -194,3 +195,61 @@ def test_start_chunk_skips_committed_chunks(store, tmp_path):
     all_ops = [op for b in A.plan_batches(tmp_path / "plan", 0, chunk_ops=6) for op in b.ops]
     tail = [op for b in A.plan_batches(tmp_path / "plan", 0, chunk_ops=6, start_chunk=2) for op in b.ops]
     assert tail == all_ops[-len(tail):] and len(tail) == 4 + 1
+
+
+def stranded(store: ShardStore) -> list[tuple[str, str]]:
+    """``reqs`` rows still pending whose ``ids`` row is gone: rows the request would count pending forever."""
+    out = []
+    for row in dump(store)[tables.REQS]:
+        if row["status"] == tables.STATUS_PENDING and not any(
+                r.request_id == row["request_id"] for r in store.next_rows(row["vin"], 99)):
+            out.append((row["request_id"], row["vin"]))
+    return out
+
+
+def test_every_gc_row_delete_moves_the_request_counters_in_its_own_batch(store, tmp_path):
+    """Retention: the 6 old rows count expired from their ids delete on, then leave with their reqs rows (the
+    reqs phase runs in later batches); a young row whose blob is gone counts discarded; a duplicate delete and
+    the older row of a re-queued VIN leave the VIN's pending reqs row alone. After every committed batch the
+    counters equal a recount of the rows and no pending reqs row has lost its queued row."""
+    from .test_request_stats import counters, recount
+
+    store.apply(WriteBatch().enqueue_many(["O1", "O2"], T0, "r-orph", "gone"))  # blob never stored
+    store.apply(WriteBatch().enqueue("D", T0, "r-dup", "young"))
+    store.apply(WriteBatch().enqueue("Q", OLD, "r-q", "old").enqueue("Q", T0, "r-q", "young"))  # re-queued
+    # a duplicate row of D (same request and blob, later ts) as a store of an earlier release could hold
+    store.apply(WriteBatch().enqueue("D", T0 + 1, "r-dup", "other").repoint_ids_if("D", T0 + 1, "r-dup", "other", "young"))
+    plan = (full_plan() + [ids("O1", T0, "r-orph", "gone", "orphan"), ids("O2", T0, "r-orph", "gone", "orphan"),
+                           ids("D", T0 + 1, "r-dup", "young", "duplicate"), ids("Q", OLD, "r-q", "old")])
+    write_plan(tmp_path / "plan", {0: plan}, {0: store.applied_seq})
+    seen = []
+
+    def check(_shard, done, _total):
+        assert counters(store) == recount(store) and stranded(store) == []
+        seen.append(done)
+
+    info = A.apply_plan(store, tmp_path / "plan", chunk_ops=4, progress=check)
+    assert len(seen) == info.batches == 5 and info.skipped == 0
+    c = {rid: counters(store).get(rid) for rid in ("r-old", "r-orph", "r-dup", "r-q")}
+    assert c["r-old"] is None  # retention: the request's rows are gone, and its counters with them
+    assert c["r-orph"]["discarded"] == 2 and c["r-orph"]["pending"] == 0
+    assert store.get_req("r-orph", "O1")["delivered_ts_ms"] == T0  # settled at the plan's now
+    assert c["r-dup"]["pending"] == 1 and [r.ts_ms for r in store.next_rows("D", 5)] == [T0]
+    assert c["r-q"]["pending"] == 1 and [r.ts_ms for r in store.next_rows("Q", 5)] == [T0]
+    assert (info.counts["discarded_rows"], info.counts["expired_rows"]) == (2, 6)
+
+
+def test_a_row_expired_by_retention_counts_expired_until_its_reqs_row_goes(store, tmp_path):
+    """Between the ids batch and the reqs batch (or after a crash between them) the request counts the rows
+    expired, not pending; the reqs delete then takes the settled rows (seen pending, settled undelivered)."""
+    write_plan(tmp_path / "plan", {0: [ids("V0", OLD, "r-old", "old"), reqs("r-old", "V0", OLD)]},
+               {0: store.applied_seq})
+    batches = list(A.plan_batches(tmp_path / "plan", 0, chunk_ops=1))
+    store.apply(batches[0])
+    c = store.request_counters("r-old")
+    assert (c["pending"], c["expired"], c["vins"]) == (5, 1, 6) and store.get_req("r-old", "V0")["status"] == "expired"
+    assert store.apply(batches[1]).counts["deleted"] == 1
+    assert store.get_req("r-old", "V0") is None and store.request_counters("r-old")["vins"] == 5
+    # an ack after the snapshot still keeps its row (the guard), as before
+    store.apply(WriteBatch().ack("V1", OLD, "r-old", T0))
+    assert store.apply(WriteBatch().delete_reqs_if("r-old", "V1", OLD, "pending")).counts == {"guard_skipped": 1}

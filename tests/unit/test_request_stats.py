@@ -1,7 +1,7 @@
 """The ``requests`` table (storage.request_stats): counters kept by the writes equal a recount of the rows.
 
 Random sequences of ingest, PUBACK (also late, of a settled row), discard, expiry (per row and of a whole
-request), cancel, a ttl, GC deletes of ``reqs`` rows and restarts run against a primary store; every batch
+request), cancel, a ttl, GC deletes of ``reqs`` rows and of ``ids`` rows (``settle_ids_if``) and restarts run against a primary store; every batch
 is shipped as bytes to a replica store, as replication does. After each sequence both stores' counters
 equal a recount of their ``reqs`` rows, and the replica's tables equal the primary's.
 """
@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from storage import ShardStore, WriteBatch, request_stats, shard_dir, tables
+from storage import keys as keys_mod
 from storage.keys import ids_key
 from storage.replication_protocol import table_digests
 
@@ -33,6 +34,16 @@ def recount(store: ShardStore) -> dict[str, dict[str, int]]:
     for row in rows:
         out.setdefault(row["request_id"], Counter())[row["status"]] += 1
     return {rid: {s: c[s] for s in request_stats.STATUSES} for rid, c in out.items()}
+
+
+def stranded(store: ShardStore) -> list[tuple[str, str]]:
+    """``reqs`` rows still pending while their VIN has no queued row of the request (counted pending forever)."""
+    rows, cursor = store.scan(tables.REQS, None, 1000)
+    while cursor is not None:
+        more, cursor = store.scan(tables.REQS, cursor, 1000)
+        rows += more
+    return [(r["request_id"], r["vin"]) for r in rows if r["status"] == tables.STATUS_PENDING
+            and not any(q.request_id == r["request_id"] for q in store.next_rows(r["vin"], 1000))]
 
 
 def counters(store: ShardStore) -> dict[str, dict[str, int]]:
@@ -55,6 +66,7 @@ OPS = st.one_of(
     st.tuples(st.just("cancel"), st.sampled_from(REQUESTS)),
     st.tuples(st.just("ttl"), st.sampled_from(REQUESTS), st.integers(1, 10_000)),
     st.tuples(st.just("gc_reqs"), st.sampled_from(REQUESTS), st.sampled_from(VINS)),
+    st.tuples(st.just("gc_ids"), st.sampled_from(VINS), st.sampled_from(["expired", "discarded"])),
     st.tuples(st.just("restart")),
 )
 
@@ -81,6 +93,10 @@ def batch_for(store: ShardStore, op: tuple, now: int) -> WriteBatch | None:
         return WriteBatch().set_expiry(op[1], T0 + op[2])
     if kind == "gc_reqs":
         return WriteBatch().delete_reqs(op[1], op[2])
+    if kind == "gc_ids":  # a GC plan's delete of the VIN's oldest row: past retention, or its blob gone
+        rows = store.next_rows(op[1], limit=1)
+        return None if not rows else WriteBatch().settle_ids_if(op[1], rows[0].ts_ms, rows[0].request_id,
+                                                                rows[0].data_id, op[2], now)
     raise AssertionError(kind)
 
 
@@ -103,6 +119,7 @@ def test_counters_equal_a_recount_of_the_rows(ops):
                 replica.apply(WriteBatch.from_bytes(batch.to_bytes()), seq=result.seq)
             for store in (primary, replica):
                 assert counters(store) == recount(store)
+                assert not stranded(store)  # GC's ids deletes settled their rows: nothing pending unqueued
                 for c in store.request_counters_all():
                     times = delivered_times(store, c["request_id"])
                     if times:
@@ -194,3 +211,88 @@ def test_a_cancel_is_final_a_later_trigger_naming_the_request_queues_nothing(sto
     store.apply(WriteBatch().settle_pending("elsewhere", tables.STATUS_CANCELLED, T0 + 3))
     assert store.apply(WriteBatch().enqueue_many(["C"], T0 + 4, "elsewhere", "d")).counts == {"enqueue_cancelled": 1}
     assert store.request_counters("elsewhere")["vins"] == 0
+
+
+# -- the one-time migration of a store written before the counters existed -------------------------------------
+
+def write_pre_counter_store(path, rows: list[tuple[str, str, int, str, str, int | None]], seq: int) -> None:
+    """The layout of a store written before the ``requests`` table: ``ids``/``reqs``/``sys`` rows put directly
+    with lmdb (no ``requests`` table, no build mark); ``rows`` are (request_id, vin, ts, data_id, status, done)."""
+    import lmdb
+
+    path.mkdir(parents=True)
+    env = lmdb.open(str(path), max_dbs=12, sync=False)
+    dbs = {name: env.open_db(name.encode()) for name in ("data", "meta", "ids", "reqs", "sys", "retained", "metrics")}
+    with env.begin(write=True) as txn:
+        for rid, vin, ts, did, status, done in rows:
+            txn.put(keys_mod.reqs_key(rid, vin), tables.encode_req(ts, did, status, done), db=dbs["reqs"])
+            if status == tables.STATUS_PENDING:
+                txn.put(keys_mod.ids_key(vin, ts, rid), tables.pack(did), db=dbs["ids"])
+        txn.put(tables.SYS_APPLIED_SEQ, tables.pack(seq), db=dbs["sys"])
+        txn.put(tables.SYS_SHARD_ID, tables.pack(0), db=dbs["sys"])
+    assert b"requests" not in [k for k, _ in env.begin().cursor()]  # the main db lists the named tables
+    env.close()
+
+
+PRE_COUNTER_ROWS = [("old-a", f"A{i}", T0, "d", tables.STATUS_DELIVERED, T0 + 10 * (i + 1)) for i in range(3)] + [
+    ("old-a", "A3", T0, "d", tables.STATUS_PENDING, None), ("old-a", "A4", T0, "d", tables.STATUS_DISCARDED, T0 + 99),
+    ("old-b", "B0", T0 + 5, "e", tables.STATUS_PENDING, None), ("old-b", "B1", T0 + 5, "e", tables.STATUS_PENDING, None)]
+
+
+def test_a_store_written_before_the_counters_gets_them_once_at_open(tmp_path):
+    from structlog.testing import capture_logs
+
+    path = shard_dir(tmp_path, 0)
+    write_pre_counter_store(path, PRE_COUNTER_ROWS, seq=7)
+    with capture_logs() as logs, ShardStore(path, 0, sync=False) as s:
+        assert counters(s) == recount(s) == {
+            "old-a": {"pending": 1, "delivered": 3, "discarded": 1, "expired": 0, "cancelled": 0},
+            "old-b": {"pending": 2, "delivered": 0, "discarded": 0, "expired": 0, "cancelled": 0}}
+        a = s.request_counters("old-a")
+        assert (a["vins"], a["first_delivery_ms"], a["last_delivery_ms"]) == (5, T0 + 10, T0 + 30)
+        assert s.applied_seq == 7  # a migration, not a write: no seq of its own
+        # from now on the writes keep them
+        s.apply(WriteBatch().ack("A3", T0, "old-a", T0 + 50).enqueue_many(["B2"], T0 + 6, "old-b", "e"))
+        assert counters(s) == recount(s)
+    built = [e for e in logs if e["event"] == "request_counters_built"]
+    assert [(e["requests"], e["reqs_rows"]) for e in built] == [(2, 7)]
+    # reopened: the mark says built, nothing is recounted (a row changed behind its back stays uncounted)
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=12, sync=False)
+    with env.begin(write=True) as txn:
+        txn.put(keys_mod.reqs_key("old-b", "B9"), tables.encode_req(T0, "e", "pending"), db=env.open_db(b"reqs", txn=txn))
+    env.close()
+    with capture_logs() as logs, ShardStore(path, 0, sync=False) as s:
+        assert s.request_counters("old-b")["pending"] == 3 and recount(s)["old-b"]["pending"] == 4
+    assert not [e for e in logs if e["event"] == "request_counters_built"]
+
+
+def test_replicas_of_a_pre_counter_store_build_the_same_counters(tmp_path):
+    write_pre_counter_store(tmp_path / "primary", PRE_COUNTER_ROWS, seq=7)
+    write_pre_counter_store(tmp_path / "replica", PRE_COUNTER_ROWS, seq=7)
+    with ShardStore(tmp_path / "primary", 0, sync=False) as primary, \
+            ShardStore(tmp_path / "replica", 0, sync=False) as replica:
+        assert table_digests(replica) == table_digests(primary)
+        batch = WriteBatch().ack("B0", T0 + 5, "old-b", T0 + 60).settle_pending("old-a", tables.STATUS_CANCELLED, T0 + 70)
+        result = primary.apply(batch)
+        replica.apply(WriteBatch.from_bytes(batch.to_bytes()), seq=result.seq)
+        assert table_digests(replica) == table_digests(primary) and counters(replica) == recount(replica)
+
+
+def test_a_store_whose_counters_were_kept_rebuilds_to_the_same_values(tmp_path):
+    """A store of the first counter release has no build mark: the rebuild writes its counters back unchanged,
+    expiry and cancel times included."""
+    import lmdb
+
+    path = shard_dir(tmp_path, 0)
+    with ShardStore(path, 0, sync=False) as s:
+        s.apply(WriteBatch().set_expiry("r", T0 + 500).enqueue_many(["A", "B", "C"], T0, "r", "d"))
+        s.apply(WriteBatch().ack("A", T0, "r", T0 + 7).settle_pending("c", tables.STATUS_CANCELLED, T0 + 8))
+        before = s.request_counters_all()
+    env = lmdb.open(str(path), max_dbs=12, sync=False)
+    with env.begin(write=True) as txn:
+        assert txn.delete(tables.SYS_REQUESTS_BUILT, db=env.open_db(b"sys", txn=txn))
+    env.close()
+    with ShardStore(path, 0, sync=False) as s:
+        assert s.request_counters_all() == before
