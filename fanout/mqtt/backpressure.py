@@ -39,6 +39,10 @@ from .settings import MQTTSettings
 
 log = structlog.get_logger(__name__)
 
+#: At most one engaged/released pair of log lines per this many ms: a consumer that never catches up makes
+#: several episodes a second; the ones in between are counted in the next line (and in $SYS).
+LOG_EVERY_MS = 10_000
+
 
 class ReadPressure:
     """The back-pressure decisions of one broker.
@@ -60,7 +64,7 @@ class ReadPressure:
     """
 
     __slots__ = ("budget", "high_bytes", "low_bytes", "engaged", "paused", "episodes", "pauses", "changes",
-                 "_wake", "_since_ms", "_episode_pauses", "_peak")
+                 "_wake", "_since_ms", "_episode_pauses", "_peak", "_logged_ms", "_unlogged", "_log_episode")
 
     def __init__(self, budget: QueueBudget, high_fraction: float, low_fraction: float,
                  wake: Callable[[], None]) -> None:
@@ -78,6 +82,9 @@ class ReadPressure:
         self._since_ms = 0
         self._episode_pauses = 0
         self._peak = 0
+        self._logged_ms: int | None = None  # when the last logged episode started
+        self._unlogged = 0  # episodes since then, not logged
+        self._log_episode = False  # the running episode is logged (its release too)
 
     @classmethod
     def from_settings(cls, budget: QueueBudget, settings: MQTTSettings, wake: Callable[[], None]) -> "ReadPressure":
@@ -94,9 +101,15 @@ class ReadPressure:
             self._since_ms = now_ms
             self._episode_pauses = 0
             self._peak = online
-            log.warning("mqtt back-pressure engaged: not reading from publishers", online_queued_bytes=online,
-                        high_bytes=self.high_bytes, low_bytes=self.low_bytes,
-                        offline_queued_bytes=self.budget.offline_bytes, max_queued_bytes=self.budget.max_bytes)
+            self._log_episode = self._logged_ms is None or now_ms - self._logged_ms >= LOG_EVERY_MS
+            if self._log_episode:
+                log.warning("mqtt back-pressure engaged: not reading from publishers", online_queued_bytes=online,
+                            high_bytes=self.high_bytes, low_bytes=self.low_bytes,
+                            offline_queued_bytes=self.budget.offline_bytes, max_queued_bytes=self.budget.max_bytes,
+                            episodes_unlogged=self._unlogged)
+                self._logged_ms, self._unlogged = now_ms, 0
+            else:
+                self._unlogged += 1
         elif online > self._peak:
             self._peak = online
         if conn in self.paused:
@@ -136,9 +149,10 @@ class ReadPressure:
         self.paused.clear()
         if resumed:
             self._wake()
-        log.info("mqtt back-pressure released", online_queued_bytes=online, low_bytes=self.low_bytes,
-                 duration_ms=now_ms - self._since_ms, connections_paused=self._episode_pauses,
-                 resumed=resumed, peak_online_queued_bytes=self._peak)
+        if self._log_episode:
+            log.info("mqtt back-pressure released", online_queued_bytes=online, low_bytes=self.low_bytes,
+                     duration_ms=now_ms - self._since_ms, connections_paused=self._episode_pauses,
+                     resumed=resumed, peak_online_queued_bytes=self._peak)
 
     def tick(self, now_ms: int) -> None:
         """At each sweep: refresh the keepalive of paused connections, forget closed ones (Rule 5)."""

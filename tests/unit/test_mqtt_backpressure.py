@@ -116,3 +116,37 @@ def test_subscriber_only_connections_are_never_paused():
     sub.send(Puback(1))  # still over high water after this ack
     assert net.broker.state.pressure.engaged
     assert sub.conn not in net.broker.state.pressure.paused
+
+
+def test_episodes_in_quick_succession_are_logged_once_per_window_and_counted():
+    """A subscriber that never catches up makes several episodes a second: one engaged/released pair per
+    LOG_EVERY_MS, the episodes between counted in the next engaged line (all of them in $SYS)."""
+    from fanout.mqtt.backpressure import LOG_EVERY_MS
+    net = Net(mqtt=BUDGET)
+    pressure = net.broker.state.pressure
+    sub = _slow_subscriber(net)
+    pub = net.client()
+    pub.connect("fast")
+    pid = 1
+
+    def episode() -> None:
+        nonlocal pid
+        _publish(pub, 7, pid)
+        pid += 7
+        assert pressure.engaged
+        while pressure.engaged:
+            _ack_all(sub)
+        while _ack_all(sub):
+            pass
+        net.broker.read_changes()
+
+    with capture_logs() as logs:
+        for _ in range(5):
+            episode()
+            net.advance(100)
+        net.advance(LOG_EVERY_MS)
+        episode()
+    lines = [e for e in logs if "back-pressure" in e["event"]]
+    assert [e["event"].split(":")[0] for e in lines] == ["mqtt back-pressure engaged", "mqtt back-pressure released"] * 2
+    assert [e["episodes_unlogged"] for e in lines if "engaged" in e["event"]] == [0, 4]
+    assert net.broker.sys.snapshot(net.now)["$SYS/broker/backpressure/episodes"] == 6
