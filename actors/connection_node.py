@@ -13,7 +13,8 @@ Strategy (after Ray Serve's proxy actor, STYLE.md section 4):
   - deliveries: a big ``deliver`` batch reaches the sockets in parts of :data:`DELIVER_CHUNK`;
   - ingest rounds: one task at a time (:meth:`NodeCore.process_ingest`);
   - forwards to peers: one ``forward`` call per peer in flight, queued ones go with the next;
-  - route announcements: diffs of the local filter set, at most every 50 ms, to every peer.
+  - route announcements: diffs of the local filter set (and the MQTT 5 shared-group table when it changed),
+    at most every 50 ms, to every peer.
 - A dispatcher that answers with a new incarnation restarted with an empty state: the node resends the
   connections it holds for that shard (``sync_events``) in front of its queue.
 """
@@ -288,9 +289,10 @@ class ConnectionNode:
 
     # -- calls from peers and the controller --------------------------------------------------------------------
 
-    async def update_routes(self, node_id: str, added: list[str], removed: list[str], reset: bool) -> None:
-        """A peer's filter announcement."""
-        self.edge.routes.update(node_id, added, removed, reset)
+    async def update_routes(self, node_id: str, added: list[str], removed: list[str], reset: bool,
+                            groups: dict[str, int] | None = None) -> None:
+        """A peer's filter announcement (``groups``: its whole MQTT 5 shared-group table, None = unchanged)."""
+        self.edge.routes.update(node_id, added, removed, reset, groups)
 
     async def forward(self, node_id: str, messages: list[tuple]) -> int:
         """Publishes from a peer's clients (:class:`fanout.records.Forward` tuples), delivered locally only."""
@@ -414,7 +416,6 @@ class ConnectionNode:
                 self._schedule_flush()
 
     async def _route_loop(self) -> None:
-        broker = self.server.broker
         while not self._stopping:
             before = time.monotonic()
             await asyncio.sleep(ROUTE_PERIOD_S)
@@ -422,11 +423,10 @@ class ConnectionNode:
             self._lag_max_s = max(self._lag_max_s, lag)
             await self._persist_retained()
             try:
-                ann = self.edge.routes.announcement(int(time.monotonic() * 1000), filters_fn=broker.route_filters)
+                ann = self.edge.route_announcement(int(time.monotonic() * 1000))
                 if ann is not None:
-                    added, removed, reset = ann
                     for handle in self._peers.values():
-                        handle.update_routes.remote(self.node_id, added, removed, reset)
+                        handle.update_routes.remote(self.node_id, *ann)
             except Exception:
                 log.exception("route announcement failed", node_id=self.node_id)
 

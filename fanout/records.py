@@ -246,6 +246,9 @@ class Forward(NamedTuple):
     """A local publish forwarded to a peer node, delivered there to local subscribers only.
 
     ``properties``: its MQTT 5 properties (``fanout.mqtt.properties.Properties``), None for a 3.1.1 publish.
+    ``groups``: the MQTT 5 shared groups (``$share/...`` filters) the sending node placed on the receiver:
+    only those of its groups get it (``fanout.mqtt.shared``). ``plain``: False for a forward to those
+    groups only (the ordinary subscribers get the message through its plain forward, if any).
     """
 
     topic: str
@@ -253,10 +256,13 @@ class Forward(NamedTuple):
     qos: int
     retain: bool
     properties: Any
+    groups: tuple[str, ...] = ()
+    plain: bool = True
 
     @staticmethod
-    def build(topic: str, payload: bytes, qos: int, retain: bool, properties: Any = None) -> tuple:
-        return (topic, payload, qos, retain, properties)
+    def build(topic: str, payload: bytes, qos: int, retain: bool, properties: Any = None,
+              groups: tuple[str, ...] = (), plain: bool = True) -> tuple:
+        return (topic, payload, qos, retain, properties, groups, plain)
 
 
 WIRE_RECORDS: tuple[type, ...] = (

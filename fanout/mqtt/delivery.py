@@ -73,13 +73,15 @@ class Delivery:
     # -- routing -----------------------------------------------------------------------------
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool, props: MsgProps | None = None,
-              sender: str | None = None) -> int:
+              sender: str | None = None, serve: Iterable[str] | None = None) -> int:
         """Store a retained message if asked, then deliver to every matching subscription.
 
         Args:
             topic, payload, qos, retain: the message.
             props: its MQTT 5 properties, or None.
             sender: the publisher's client id (MQTT 5 No Local), None for the server's own messages.
+            serve: the shared groups another node placed here (a forwarded message), None for a message
+                entering here (:meth:`SharedSubscriptions.route`).
 
         Returns:
             The number of sessions the message was given to (shared groups count one each).
@@ -96,7 +98,7 @@ class Delivery:
             n = len(subs)
         shared = st.shared
         if shared is not None and shared.groups:
-            n += shared.route(topic, payload, qos, props, retain)
+            n += shared.route(topic, payload, qos, props, retain, serve)
         return n
 
     def retain(self, topic: str, payload: bytes, qos: int, client_id: str | None = None,
@@ -545,20 +547,26 @@ class Delivery:
                 return
 
     def publish_local(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                      properties: Any = None) -> int:
+                      properties: Any = None, groups: Iterable[str] | None = None, plain: bool = True) -> int:
         """Publish to local subscribers only (a message forwarded from another node).
 
         No ACL check, no hooks, no :class:`LocalPublish` event (so nothing is forwarded back). A
         retained message is stored (mirrored) here too.
 
         ``properties``: the MQTT 5 properties it carries (``LocalPublish.properties`` of the other node),
-        the Message Expiry Interval counted from now.
+        the Message Expiry Interval counted from now. ``groups``: the shared groups the other node placed
+        here (only those get it), None to treat it as entering here (every matching group, placed
+        cluster-wide). ``plain=False``: for those groups only, not the ordinary subscribers (and not stored
+        when retained).
 
         Returns:
             The number of local sessions the message was given to.
         """
         props = message_props(properties, self._st.now) if properties is not None else None
-        return self.route(topic, payload, qos, retain, props)
+        if plain:
+            return self.route(topic, payload, qos, retain, props, None, groups)
+        shared = self._st.shared
+        return shared.route(topic, payload, qos, props, retain, groups or ()) if shared is not None else 0
 
 
 __all__ = ["Delivery", "MATCH_CACHE_SIZE"]

@@ -103,13 +103,10 @@ class Subscriptions:
         st.write(conn, encode_unsuback(p.packet_id))  # MQTT-3.10.4-4/5: even when nothing matched
 
     def route_filters(self) -> list[str]:
-        """Distinct topic filters subscribed on this node (the route table other nodes forward by), the
-        filters of MQTT 5 shared subscriptions included."""
-        filters = list(self._st.trie.filters())
-        shared = self._st.shared
-        if shared is not None and shared.groups:
-            filters = list(dict.fromkeys(filters + shared.inner_filters()))
-        return filters
+        """Distinct topic filters subscribed on this node (the route table other nodes forward by). MQTT 5
+        shared subscriptions are not among them: a cluster announces them as groups with member counts
+        (:meth:`SharedSubscriptions.local_counts`) and the publishing node places each message."""
+        return list(self._st.trie.filters())
 
 
 __all__ = ["Subscriptions"]

@@ -25,7 +25,9 @@ tests drive the same object with the in-memory broker.
   ``$SDV-FANOUT/errors/<client_id>``, forwarded to the other nodes too, then close; an MQTT 5 publisher gets a
   negative PUBACK with the error's ``reason_code`` and keeps its connection).
 - Local publishes (and wills) are queued for the peers whose announced filters match; retained ones are
-  mirrored to every peer (:mod:`fanout.node.peer_routes`).
+  mirrored to every peer (:mod:`fanout.node.peer_routes`). MQTT 5 shared groups are announced with their
+  member counts and each message of a group is placed on one node by the broker
+  (:mod:`fanout.mqtt.shared`), which hands the peers' part to :meth:`PeerRoutes.forward_shared`.
 """
 from __future__ import annotations
 
@@ -128,6 +130,12 @@ class NodeCore(BrokerHooks):
         self.broker = broker
         if self._hold_connacks:
             broker.hold_connacks(_reports_to_dispatchers)
+        if broker.state.shared is not None:  # MQTT 5 shared groups: one member per message cluster-wide
+            self.routes.join_shared(broker.state.shared, lambda: broker.state.now, self._wake)
+
+    def route_announcement(self, now_ms: int) -> tuple[list[str], list[str], bool, dict[str, int] | None] | None:
+        """What to announce to every peer now (:meth:`PeerRoutes.full_announcement`)."""
+        return self.routes.full_announcement(now_ms, self.broker.route_filters)
 
     def events_done(self, shard: int) -> int:
         """The events call taken for ``shard`` returned (or failed for good): the CONNACKs of the
@@ -375,7 +383,7 @@ class NodeCore(BrokerHooks):
 
     def apply_forwards(self, messages: Iterable[tuple]) -> int:
         """Publishes forwarded by a peer (:class:`fanout.records.Forward` tuples), delivered to this node's
-        subscribers only (never forwarded again).
+        subscribers only (never forwarded again), and to the shared groups the peer placed here only.
 
         Returns:
             How many local deliveries they made.
@@ -383,7 +391,8 @@ class NodeCore(BrokerHooks):
         if self.broker is None:
             return 0
         publish = self.broker.publish_local
-        return sum(publish(topic, payload, qos, retain, properties=props) for topic, payload, qos, retain, props in messages)
+        return sum(publish(topic, payload, qos, retain, properties=props, groups=groups, plain=plain)
+                   for topic, payload, qos, retain, props, groups, plain in messages)
 
     def kick(self, kicks: Iterable[tuple[str, int | None]]) -> int:
         """Close connections taken over on another node, and drop the fanout messages their sessions keep.
@@ -481,6 +490,7 @@ class NodeCore(BrokerHooks):
             "rejected": self.ingest.rejected,
             "forwarded": self.routes.forwarded,
             "forwards_dropped": self.routes.dropped,
+            **self.routes.shared_stats(),
             "peers": sorted(self.routes.peers),
         }
 

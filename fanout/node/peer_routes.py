@@ -23,6 +23,11 @@ Strategy (one instance per ConnectionNode, Ray-free):
   Response Topic, Correlation Data, Message Expiry Interval) when it has them; retained publishes (set or clear) are mirrored to
   every peer whether or not it has a matching subscription, so a later subscriber anywhere gets them.
   ``$SYS/...`` is never forwarded: each node publishes its own statistics.
+- MQTT 5 shared subscriptions are not announced as filters but as groups with member counts
+  (``{"$share/g/f": n}``, the whole table when it changed, :meth:`PeerRoutes.group_announcement`); a
+  peer's table goes to :attr:`PeerRoutes.on_groups` (the broker's ``SharedSubscriptions.set_remote``), and
+  the publishing node places each message of a group on one node (:mod:`fanout.mqtt.shared`), queued here
+  by :meth:`PeerRoutes.forward_shared` as a forward for those groups only.
 - Forwards are queued per destination node and shipped by the actor in one call per node per tick.
   Forwarding between nodes is at-most-once for QoS 0 and best effort for QoS 1/2 (a node death loses
   what was in its queue), as in bridged Mosquitto clusters; fanout deliveries do not use this path.
@@ -34,6 +39,7 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
+from fanout.mqtt.shared import forward_properties
 from fanout.mqtt.trie import SubscriptionTrie
 from fanout.records import Forward
 
@@ -91,6 +97,10 @@ class PeerRoutes:
         self._over: set[str] = set()  # peers whose queue is full now (logged once per episode)
         self.dropped = 0
         self._announced: set[str] = set()
+        self._announced_groups: dict[str, int] | None = None  # None: every peer needs the whole table
+        # called with (peer, {shared filter: member count}) on a peer's group table ({} when it is gone)
+        self.on_groups: Callable[[str, dict[str, int]], None] | None = None
+        self._shared: Any = None  # the broker's SharedSubscriptions, once join_shared was called
         self._dirty = True
         self._reset_pending = True
         self._interval = interval_ms
@@ -113,6 +123,7 @@ class PeerRoutes:
             self.remove_node(gone)
         if new - self._peers:
             self._reset_pending = True  # newcomers need the whole set
+            self._announced_groups = None
             self._dirty = True
         self._peers = new
 
@@ -124,8 +135,11 @@ class PeerRoutes:
         self._over.discard(node)
         if self._by_node.pop(node, None) is not None:
             self._trie.remove_all(node)
+        if self.on_groups is not None:
+            self.on_groups(node, {})
 
-    def update(self, node: str, added: Iterable[str], removed: Iterable[str], reset: bool = False) -> None:
+    def update(self, node: str, added: Iterable[str], removed: Iterable[str], reset: bool = False,
+               groups: dict[str, int] | None = None) -> None:
         """Apply a peer's announcement.
 
         Args:
@@ -133,9 +147,12 @@ class PeerRoutes:
             added: filters it now has.
             removed: filters it no longer has.
             reset: ``added`` is its whole set (forget what it announced before).
+            groups: its whole shared-group table ``{shared filter: member count}``, None when unchanged.
         """
         if node == self.node_id:
             return
+        if groups is not None and self.on_groups is not None:
+            self.on_groups(node, groups)
         have = self._by_node.setdefault(node, set())
         if reset:
             self._trie.remove_all(node)
@@ -148,6 +165,26 @@ class PeerRoutes:
             if f not in have:
                 have.add(f)
                 self._trie.add(f, node, 0)
+
+    def join_shared(self, shared: Any, now_ms: Callable[[], int], wake: Callable[[], None]) -> None:
+        """Serve the broker's MQTT 5 shared groups cluster-wide (:mod:`fanout.mqtt.shared`, rules 1-3): the
+        peers' group tables go to ``shared.set_remote``, this node's go with :meth:`full_announcement`, and
+        what the broker places on a peer is queued here (``wake`` when it was, ``now_ms`` is the broker's
+        clock for the remaining Message Expiry Interval)."""
+        self._shared = shared
+        self.on_groups = shared.set_remote
+
+        def send(node: str, groups: tuple[str, ...], topic: str, payload: bytes, qos: int, props: Any) -> None:
+            if self.forward_shared(node, groups, topic, payload, qos, forward_properties(props, now_ms())):
+                wake()
+
+        shared.join_cluster(send)
+
+    def shared_stats(self) -> dict[str, int]:
+        """Group deliveries placed on peers, and those that arrived here for a group with no member left."""
+        shared = self._shared
+        return {"shared_placed_away": shared.sent_away if shared is not None else 0,
+                "shared_orphaned": shared.orphaned if shared is not None else 0}
 
     def remote_filters(self, node: str) -> set[str]:
         """Filters announced by ``node`` (a copy)."""
@@ -174,22 +211,42 @@ class PeerRoutes:
         item = Forward.build(topic, payload, qos, retain, properties)
         size = len(topic) + len(payload)
         n = 0
-        out = self._out
-        sizes = self._out_bytes
         for node in targets:
-            queued = sizes.get(node, 0)
-            if queued + size > self._max_bytes and queued:
-                self._drop(node, queued)
-                continue
-            sizes[node] = queued + size
-            q = out.get(node)
-            if q is None:
-                out[node] = [item]
-            else:
-                q.append(item)
-            n += 1
+            n += self._enqueue(node, item, size)
         self.forwarded += n
         return n
+
+    def forward_shared(self, node: str, groups: tuple[str, ...], topic: str, payload: bytes, qos: int,
+                       properties: Any = None) -> bool:
+        """Queue a message for the shared ``groups`` this node placed on ``node`` (for them only).
+
+        Returns:
+            True when queued; False when ``node`` is no peer (any more) or its queue is full (counted in
+            :attr:`dropped`): the message is lost for those groups, as a full queue loses a plain forward.
+        """
+        if node not in self._peers:
+            self.dropped += 1
+            return False
+        item = Forward.build(topic, payload, qos, False, properties, groups, False)
+        if self._enqueue(node, item, len(topic) + len(payload)):
+            self.forwarded += 1
+            return True
+        return False
+
+    def _enqueue(self, node: str, item: tuple, size: int) -> int:
+        """Queue ``item`` for ``node`` within the byte bound; 1 when queued, 0 when dropped."""
+        sizes = self._out_bytes
+        queued = sizes.get(node, 0)
+        if queued + size > self._max_bytes and queued:
+            self._drop(node, queued)
+            return 0
+        sizes[node] = queued + size
+        q = self._out.get(node)
+        if q is None:
+            self._out[node] = [item]
+        else:
+            q.append(item)
+        return 1
 
     def _drop(self, node: str, queued: int) -> None:
         self.dropped += 1
@@ -260,6 +317,25 @@ class PeerRoutes:
             return None
         self._announced = current
         return sorted(added), sorted(removed), False
+
+    def full_announcement(self, now_ms: int, filters_fn: Callable[[], Iterable[str]]
+                          ) -> tuple[list[str], list[str], bool, dict[str, int] | None] | None:
+        """:meth:`announcement` plus the shared-group table: ``(added, removed, reset, groups)``, ``groups``
+        None when unchanged (the arguments of a peer's :meth:`update`), or None when nothing is due."""
+        ann = self.announcement(now_ms, filters_fn=filters_fn)
+        groups = self.group_announcement(self._shared.local_counts()) if self._shared is not None else None
+        if ann is None and groups is None:
+            return None
+        added, removed, reset = ann if ann is not None else ([], [], False)
+        return added, removed, reset, groups
+
+    def group_announcement(self, counts: dict[str, int]) -> dict[str, int] | None:
+        """This node's shared-group table to send to every peer now (``counts``: its groups with members
+        here), or None when the peers already have it. Groups are few: the whole table goes each time."""
+        if not self._peers or counts == self._announced_groups:
+            return None
+        self._announced_groups = dict(counts)
+        return self._announced_groups
 
 
 __all__ = ["PeerRoutes", "delivery_route_generalizer"]

@@ -26,7 +26,7 @@ from fanout.node.core import NodeCore
 from fanout.node.delivery_topic import DeliveryTopics
 from fanout.records import (
     EV_CONNECT, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, ConnectEvent, DisconnectEvent, HeartbeatEvent, SubscribedEvent,
-    join_vins, read_event, split_vins,
+    Forward, join_vins, read_event, split_vins,
 )
 from storage import ShardStore
 from storage.keys import shard_of, split_by_shard
@@ -465,8 +465,8 @@ async def test_local_publishes_are_forwarded_to_matching_peers_and_retained_mirr
            Publish("other/t", b"2", 1, False, False, 9),
            Publish("cfg/x", b"3", 1, True, False, 10))
     fw = routes.take_forwards()
-    assert fw == {"n1": [("sensors/t", b"1", 0, False, None), ("cfg/x", b"3", 1, True, None)],
-                  "n2": [("cfg/x", b"3", 1, True, None)]}
+    assert fw == {"n1": [Forward.build("sensors/t", b"1", 0, False), Forward.build("cfg/x", b"3", 1, True)],
+                  "n2": [Forward.build("cfg/x", b"3", 1, True)]}
     # announcements: the whole set first, then diffs
     c.subscribe("a/+")
     ann = routes.announcement(10_000, filters_fn=cluster.broker.route_filters)
