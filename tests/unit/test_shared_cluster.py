@@ -181,3 +181,15 @@ def test_property_every_message_reaches_exactly_one_member(tmp_path_factory, on_
             assert (per_node["a"] > 0) == (on_a > 0) and per_node["b"] > 0
     finally:
         two.close()
+
+
+def test_sys_messages_stay_on_their_node(two):
+    a, b = two.nodes["A"], two.nodes["B"]
+    here = member(a, "a1", "$share/g/$SYS/#")
+    there = member(b, "b1", "$share/g/$SYS/#")
+    two.announce()
+    for i in range(4):  # each node's own $SYS tree: never placed on the other node
+        a.broker.publish_local("$SYS/broker/uptime", b"%d" % i, 0)
+    a.flush()
+    assert a.edge.routes.take_forwards() == {}
+    assert [p.payload for p in here.publishes5()] == [b"0", b"1", b"2", b"3"] and there.publishes5() == []
