@@ -207,7 +207,7 @@ class SharedSubscriptions:
             for node, placed in away.items():
                 send(node, tuple(placed), topic, payload, qos, props)  # type: ignore[misc]
                 taken += len(placed)
-            self.sent_away += taken
+                self.sent_away += len(placed)
         return taken
 
     def _place(self, shared_filter: str) -> str | None:

@@ -112,6 +112,8 @@ def test_each_message_reaches_one_member_of_each_group_whatever_node_it_enters(t
     assert got["a1"] and got["a2"]
     assert plain_got == [b"%d" % i for i in range(n)]  # the ordinary subscription: every message, as before
     assert a.edge.stats()["shared_orphaned"] == b.edge.stats()["shared_orphaned"] == 0
+    # A placed 10 of its 30 g1 messages and all 30 g2 ones on B; B placed 20 of its 30 g1 messages on A
+    assert (a.edge.stats()["shared_placed_away"], b.edge.stats()["shared_placed_away"]) == (40, 20)
 
 
 def test_forwarded_group_message_keeps_properties_and_remaining_expiry(two):
