@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from fanout.mqtt.packets import Puback, Publish
 from fanout.mqtt.packets5 import Puback5, Publish5, Subscribe5, Subscription
 from fanout.mqtt.properties import Properties
-from fanout.records import pack_batch, unpack_batch
+from fanout.node.peer_routes import PeerRoutes
+from fanout.records import Forward, pack_batch, unpack_batch
 
 from .test_node_core import Client, Cluster
 from .test_node_mqtt5 import Client5
@@ -195,3 +196,14 @@ def test_sys_messages_stay_on_their_node(two):
     a.flush()
     assert a.edge.routes.take_forwards() == {}
     assert [p.payload for p in here.publishes5()] == [b"0", b"1", b"2", b"3"] and there.publishes5() == []
+
+
+def test_group_forwards_keep_the_peer_queue_bound_and_need_a_peer():
+    routes = PeerRoutes("A", max_queue_bytes=100)
+    routes.set_peers(["A", "B"])
+    assert not routes.forward_shared("C", ("$share/g/t",), "t", b"x", 1)  # not a peer (any more)
+    assert routes.forward_shared("B", ("$share/g/t",), "t", b"x" * 90, 1)
+    assert not routes.forward_shared("B", ("$share/g/t",), "t", b"x" * 20, 1)  # over the bytes queued for B
+    assert routes.dropped == 2 and routes.forwarded == 1
+    (fw,) = routes.take_forwards()["B"]
+    assert Forward(*fw) == Forward("t", b"x" * 90, 1, False, None, ("$share/g/t",), False)
