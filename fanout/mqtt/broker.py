@@ -153,7 +153,7 @@ class Broker:
         lifecycle = self._lifecycle = Lifecycle(st, delivery, defer_auth)
         inbound = self._inbound = Inbound(st, delivery, lifecycle)
         subscriptions = Subscriptions(st, delivery)
-        st.shared = SharedSubscriptions(st.sessions, delivery.give5)
+        st.shared = SharedSubscriptions(st.sessions, delivery.give5, delivery.may_read)
         inbound5 = Inbound5(st, delivery, lifecycle, inbound)
         subscriptions5 = Subscriptions5(st, delivery, subscriptions)
         self.deliver = delivery.deliver

@@ -119,6 +119,15 @@ class Delivery:
             self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
                               retained_bytes=self._st.retained.bytes)
 
+    def may_read(self, s: Session, topic: str) -> bool:
+        """The ACL at delivery for one session (shared group members are picked one message at a time);
+        a refusal is counted as a denied delivery."""
+        can_read = self._can_read
+        if can_read is None or s.principal is None or can_read(s.principal, topic):
+            return True
+        self._st.deliveries_denied += 1
+        return False
+
     def match(self, topic: str) -> dict[str, int]:
         """Trie match through the cache (cleared on every subscription change), keeping only the sessions
         whose principal may read ``topic`` (ACL at delivery, paid once per topic while it stays cached)."""

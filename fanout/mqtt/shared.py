@@ -75,9 +75,11 @@ class SharedSubscriptions:
             (:meth:`fanout.mqtt.delivery.Delivery.give5`).
     """
 
-    def __init__(self, sessions: dict[str, Session], give: Any) -> None:
+    def __init__(self, sessions: dict[str, Session], give: Any,
+                 may_read: Callable[[Session, str], bool] | None = None) -> None:
         self._sessions = sessions
         self._give = give
+        self._may_read = may_read  # the ACL at delivery: a member that may not read the topic is passed over
         self._trie = SubscriptionTrie()
         # shared filter -> {member client id: granted QoS}: every group known here; a group only other
         # nodes have members of has an empty dict (it is in the trie so that a publish here finds it)
@@ -233,24 +235,25 @@ class SharedSubscriptions:
         return best
 
     def _give_one(self, shared_filter: str, topic: str, payload: bytes, qos: int, props: Any, retain: bool) -> int:
-        s, granted = self._pick(shared_filter)
+        s, granted = self._pick(shared_filter, topic)
         if s is None:
             return 0
         opts = s.opts.get(shared_filter) if s.opts else None
         ids = (opts.sub_id,) if opts is not None and opts.sub_id else ()
         return 1 if self._give(s, topic, payload, qos, granted, props, None, retain, ids) else 0
 
-    def _pick(self, shared_filter: str) -> tuple[Session | None, int]:
+    def _pick(self, shared_filter: str, topic: str) -> tuple[Session | None, int]:
         members = list(self.groups[shared_filter].items())
         n = len(members)
         start = self._next[shared_filter] % n
         order = members[start:] + members[:start]
         sessions = self._sessions
+        may_read = self._may_read
         fallback: tuple[int, Session, int] | None = None
         offline: tuple[int, Session, int] | None = None
         for i, (cid, granted) in enumerate(order):
             s = sessions.get(cid)
-            if s is None:
+            if s is None or (may_read is not None and not may_read(s, topic)):
                 continue
             if s.conn is not None:
                 if s.window_open():

@@ -141,3 +141,27 @@ def test_read_decisions_are_bounded_by_entries_and_bytes():
         assert ac.can_read(p, f"test/{'x' * 200}/{n}") is True
         assert len(ac._reads.entries) <= 100 and ac._reads.bytes <= 10_000
     assert ac.can_read(p, "test/nosubscribe") is False
+
+
+def test_deny_rule_holds_for_shared_subscription_members():
+    """A member of ``$share/g/test/#`` may subscribe (the filter is allowed) but must not get a message its
+    principal may not read: the ACL at delivery holds for shared groups too, and the group's message goes to
+    a member that may read it."""
+    from fanout.mqtt.packets5 import Subscription
+
+    from tests.unit.test_mqtt5_broker import Client5, publishes
+    net = net_with(DENY + (AclRule("subscribe", "test/#", False, user="alice"),))
+    members = []
+    for cid, user in (("m-alice", "alice"), ("m-ops", "ops")):
+        m = Client5(net)
+        assert m.connect5(cid, username=user, password=(user + "-pw").encode()).reason_code == 0
+        assert m.sub5(Subscription("$share/g/#", 1)) == (1,)
+        members.append(m)
+    pub = login(net, "pub", "root")
+    for i in range(4):
+        pub.send(Publish("test/nosubscribe", b"secret", 1, False, False, 10 + i),
+                 Publish("test/other", b"fine", 1, False, False, 20 + i))
+    alice, ops = (publishes(m.take()) for m in members)
+    assert all(not p.topic.startswith("test/") for p in alice), [p.topic for p in alice]
+    assert [p.topic for p in ops] == ["test/other"] * 4  # the one member that may read test/other gets all 4
+    assert net.broker.state.deliveries_denied >= 4
