@@ -15,8 +15,9 @@ ConnectionNode -> Dispatcher ``events(node_id, pack_batch(events))``, one call p
 ``*Event`` records, whose first field ``kind`` (``EV_*``) says which.
 
 Dispatcher -> ConnectionNode ``deliver(pack_batch(DeliverBatch))``, one call per node per tick: the
-:class:`Delivery` orders, the blobs they name (each once) and the :class:`Kick` of connections taken over
-on another node; the reply lists the :class:`DeliveryFailure` of the sends not handed to a session.
+:class:`Delivery` orders, the blobs they name (each once), the :class:`Kick` of connections taken over
+on another node and the MQTT 5 properties of the deliveries (:class:`DeliveryProps`, None without any);
+the reply lists the :class:`DeliveryFailure` of the sends not handed to a session.
 
 ConnectionNode -> Dispatcher ingest: ``put_blobs([BlobItem])`` and ``ingest([IngestItem])``, where an
 ingest item carries the shard's VINs as ONE string joined by :data:`VIN_SEPARATOR` (a million VINs pickle
@@ -183,16 +184,30 @@ class Kick(NamedTuple):
         return (client_id, generation)
 
 
+class DeliveryProps(NamedTuple):
+    """The MQTT 5 properties of the deliveries of one :class:`DeliverBatch`, per request and per blob; only
+    the requests and blobs of the batch that have any are listed (the batch carries None when none has)."""
+
+    expires: dict  # {request_id: expires_ms}: wall-clock deadline of the request's ttl (Message Expiry Interval)
+    user_properties: dict  # {request_id: ((name, value), ...)}: the trigger's User Properties, in order
+    content_types: dict  # {data_id: content type}: the Content Type of the blob's PUBLISH
+
+    @staticmethod
+    def build(expires: dict, user_properties: dict, content_types: dict) -> tuple:
+        return (expires, user_properties, content_types)
+
+
 class DeliverBatch(NamedTuple):
     """The argument of one ``deliver`` call."""
 
     deliveries: list  # Delivery wire tuples, oldest first
     payloads: dict  # {data_id: blob}, each blob once
     kicks: list  # Kick wire tuples
+    props: tuple | None  # DeliveryProps wire tuple, None when no delivery of the batch has a property
 
     @staticmethod
-    def build(deliveries: list, payloads: dict, kicks: list) -> tuple:
-        return (deliveries, payloads, kicks)
+    def build(deliveries: list, payloads: dict, kicks: list, props: tuple | None = None) -> tuple:
+        return (deliveries, payloads, kicks, props)
 
 
 class DeliveryFailure(NamedTuple):
@@ -260,7 +275,7 @@ class Forward(NamedTuple):
 
 
 WIRE_RECORDS: tuple[type, ...] = (
-    *EVENT_RECORDS.values(), Delivery, Kick, DeliverBatch, DeliveryFailure, BlobItem, IngestItem, Forward,
+    *EVENT_RECORDS.values(), Delivery, Kick, DeliveryProps, DeliverBatch, DeliveryFailure, BlobItem, IngestItem, Forward,
 )
 
 
@@ -291,7 +306,7 @@ def unpack_batch(data: object) -> Any:
 __all__ = [
     "EV_CONNECT", "EV_DISCONNECT", "EV_SUBSCRIBED", "EV_HEARTBEAT", "EV_ACK", "EV_FAILED", "EV_SYNC",
     "ConnectEvent", "DisconnectEvent", "SubscribedEvent", "HeartbeatEvent", "AckEvent", "FailedEvent", "SyncEvent",
-    "EVENT_RECORDS", "read_event", "Delivery", "Kick", "DeliverBatch", "DeliveryFailure", "BlobItem", "IngestItem",
+    "EVENT_RECORDS", "read_event", "Delivery", "Kick", "DeliveryProps", "DeliverBatch", "DeliveryFailure", "BlobItem", "IngestItem",
     "CONFLICT_PREFIX",
     "Forward", "WIRE_RECORDS", "VIN_SEPARATOR", "join_vins", "split_vins", "pack_batch", "unpack_batch",
 ]

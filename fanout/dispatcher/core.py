@@ -38,8 +38,8 @@ from fanout.dispatcher.state import Delete
 from fanout.dispatcher.takeover import TakeoverRegistry
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (
-    CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
-    split_vins,
+    CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, DeliverBatch,
+    Delivery, DeliveryProps, split_vins,
 )
 from fanout.trigger import conflict_reason
 from storage import WriteBatch
@@ -282,8 +282,9 @@ class DispatcherCore:
         """Nodes with deliveries or kicks queued."""
         return self.output.nodes()
 
-    def take_node_batch(self, node: str, limit: int | None = None) -> tuple[list[tuple], dict[str, bytes], list[tuple]]:
-        """The :class:`fanout.records.DeliverBatch` for ``node``: deliveries, their blobs (each once), kicks.
+    def take_node_batch(self, node: str, limit: int | None = None) -> tuple:
+        """The :class:`fanout.records.DeliverBatch` wire tuple for ``node``: deliveries, their blobs (each
+        once), kicks, and the MQTT 5 properties of the deliveries (None when none has any).
 
         Args:
             node: the destination.
@@ -295,7 +296,20 @@ class DispatcherCore:
         for _vin, _gen, _key, _rid, data_id, _dup in sends:
             if data_id not in payloads:
                 payloads[data_id] = blob(data_id) or b""
-        return sends, payloads, kicks
+        return DeliverBatch.build(sends, payloads, kicks, self._delivery_props(sends))
+
+    def _delivery_props(self, sends: list[tuple]) -> tuple | None:
+        """The :class:`fanout.records.DeliveryProps` of ``sends``: built once per batch, and only when a
+        request of the shard has a ttl (then one dict lookup per delivery); None otherwise."""
+        expires = self.lifecycle.expires
+        if not expires:
+            return None
+        ttl: dict[str, int] = {}
+        for _vin, _gen, _key, request_id, _did, _dup in sends:
+            at = expires.get(request_id)
+            if at is not None:
+                ttl[request_id] = at
+        return DeliveryProps.build(ttl, {}, {}) if ttl else None
 
     def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
         """One write batch finishing every row queued so far: ``ids`` deleted, ``reqs`` marked delivered

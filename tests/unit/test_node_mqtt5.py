@@ -20,7 +20,7 @@ from fanout.mqtt.reason_codes import ReasonCode as RC
 from fanout.records import IngestItem, pack_batch, unpack_batch
 from storage import ShardStore
 
-from .test_node_core import Client, Cluster, FakeLink, trigger
+from .test_node_core import Client, Cluster, FakeLink, trigger, vehicle
 
 
 class Client5(Client):
@@ -287,3 +287,67 @@ async def test_a_blob_over_the_vehicles_maximum_packet_size_is_discarded_and_the
     assert (status["pending"], status["discarded"]) == (0, 1), status
     assert cluster.pending() == 0
     assert cluster.broker.state.too_large_dropped == 1
+
+
+# -- fanout deliveries carry the request's MQTT 5 properties -----------------------------------------------------
+
+def test_batch_props_move_the_deadline_to_the_broker_clock_and_build_each_pair_once():
+    from fanout.node.delivery_props import BatchProps
+    from fanout.records import DeliveryProps
+    props = BatchProps(DeliveryProps.build({"r1": 1_012_500}, {}, {}), wall_now_ms=1_000_000, broker_now_ms=500)
+    got = props.of("r1", "d1")
+    assert got.expires_ms == 500 + 12_500 and got.remaining_s(500) == 13  # rounded up
+    assert got.props is EMPTY_PROPERTIES and got.body == b""
+    assert props.of("r1", "d1") is got  # one MsgProps for every delivery of the pair
+    assert props.of("r2", "d1") is None  # a request without a ttl in the same batch
+
+
+@pytest.mark.parametrize("ttl, interval, expected_s", [(None, 30, 30), ("20s", None, 20), (None, None, None)])
+async def test_a_delivery_to_an_mqtt5_vehicle_carries_the_remaining_expiry_interval(cluster, ttl, interval, expected_s):
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    old = vehicle(cluster, "V2")  # MQTT 3.1.1: the same message without properties
+    await cluster.pump()
+    body = {"ids": ["V1", "V2"], "request_id": "r1", "data_id": "d1"}
+    if ttl is not None:
+        body["ttl"] = ttl
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", json.dumps(body).encode(), 1, False, False, 2, expiry(interval)))
+    await cluster.pump()
+    (msg,) = car.publishes5()
+    assert (msg.topic, msg.payload) == ("agent/V1/proxy/request/r1", b"BLOB")
+    got = msg.properties.message_expiry_interval
+    if expected_s is None:
+        assert got is None
+    else:
+        assert expected_s - 1 <= got <= expected_s  # what is left of the ttl, rounded up
+    assert [(m.topic, m.payload) for m in old.publishes()] == [("agent/V2/proxy/request/r1", b"BLOB")]
+
+
+async def test_a_fanout_message_that_expires_in_the_vehicles_queue_is_not_sent_and_its_row_expires(cluster):
+    """The broker holds the deadline: a message queued behind the vehicle's window is dropped once its request's
+    ttl has run out, and the dispatcher then settles the row as expired."""
+    car = Client5(cluster, "V1", receive_maximum=1)
+    car.subscribe5("agent/V1/#")
+    await cluster.pump()
+    cluster.broker.deliver("V1", "agent/V1/other", b"x", 1, None)  # fills the vehicle's window of 1
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 2, expiry(5)))
+    await cluster.pump()
+    car.send(Publish5("ecp/V1/online", b"", 0))
+    await cluster.pump()
+    (first,) = car.publishes5()
+    assert first.topic == "agent/V1/other"  # the fanout message waits in the session's queue
+    (item,) = cluster.link.items
+    cluster.now = cluster.broker.state.now + 6_000  # past the ttl on the broker's clock
+    car.send(Puback5(first.packet_id, 0))  # the window opens: the queued message has expired meanwhile
+    await cluster.pump()
+    assert car.publishes5() == [] and cluster.broker.state.expired_dropped == 1
+    car.send(Publish5("ecp/V1/heartbeat", b"", 0))  # the row is picked again: past its ttl at the dispatcher too
+    cluster.now = item.ts_ms + 6_000
+    await cluster.pump()
+    assert car.publishes5() == []
+    status = cluster.cores[cluster.link.shards_of[0]].lifecycle.status("r1", [])
+    assert (status["pending"], status["expired"]) == (0, 1), status

@@ -32,6 +32,8 @@ SAMPLES = {"client_id": "V1", "vin": "V1", "generation": 7, "session_present": T
            "inflight_key": b"V1\x00k", "row_key": b"V1\x00k", "at_us": 12, "request_id": "r1", "data_id": "d1",
            "dup": True, "too_large": True, "status": 3, "blob": b"B", "ts_ms": 5, "joined_vins": "V1\nV2", "ttl_ms": 3000, "topic": "t",
            "payload": b"p", "qos": 1, "retain": False, "deliveries": [], "payloads": {}, "kicks": [],
+           "expires": {"r1": 9000}, "user_properties": {"r1": (("trace", "t1"),)}, "content_types": {"d1": "text/plain"},
+           "props": ({"r1": 9000}, {}, {}),
            "properties": Properties(content_type="text/plain", user_properties=(("trace", "t1"),))}
 
 
@@ -107,9 +109,10 @@ def test_every_node_event_is_a_record_the_dispatcher_core_consumes(pair):
     assert kinds == [ConnectEvent, SubscribedEvent, HeartbeatEvent]
     gen = node.generation_of("V1")
     core.drain(10)
-    sends, payloads, kicks = core.take_node_batch("n0")
+    sends, payloads, kicks, props = core.take_node_batch("n0")
+    assert props is None  # no request with a ttl or properties
     assert [Delivery(*s) for s in sends] == [Delivery("V1", gen, sends[0][2], "r1", "d1", False)]
-    failures = node.apply_deliveries(*roundtrip(DeliverBatch.build(sends, payloads, kicks)))
+    failures = node.apply_deliveries(*roundtrip(DeliverBatch.build(sends, payloads, kicks, props)))
     assert failures == []
     flush(broker)
     pid = next(p.packet_id for p in car.inbox if isinstance(p, Publish))
@@ -156,7 +159,7 @@ def test_deliveries_failures_and_kicks_round_trip_between_the_cores(pair):
     ship_events(node, core)
     core.apply_events("other", [ConnectEvent.build("V2", node.generation_of("V2") + 1, False, False, None)])
     core.drain(10)
-    sends, payloads, kicks = roundtrip(DeliverBatch.build(*core.take_node_batch("n0")))
+    sends, payloads, kicks, _props = roundtrip(core.take_node_batch("n0"))
     assert [Kick(*k) for k in kicks] == [Kick("V2", node.generation_of("V2"))]
     assert payloads == {"d1": b"BLOB"} and [s[0] for s in sends] == ["V1"]
     stale = Delivery.build("V1", 1, b"V1\x00old", "r0", "d1", False)
@@ -173,7 +176,7 @@ def test_call_failed_reads_the_deliveries_of_the_failed_call(pair):
     car.send(Subscribe(1, (("agent/V1/proxy/request/+", 1),)), Publish("ecp/V1/online", b"", 0, False, False, None))
     ship_events(node, core)
     core.drain(10)
-    sends, _payloads, _kicks = core.take_node_batch("n0")
+    sends, _payloads, _kicks, _props = core.take_node_batch("n0")
     assert core.vd.vehicle("V1").inflight is not None
     core.call_failed("n0", roundtrip(sends))
     assert core.vd.vehicle("V1").inflight is None  # the row stays pending, the next trigger resends it
