@@ -231,10 +231,11 @@ class BlobItem(NamedTuple):
     data_id: str
     blob: bytes
     ts_ms: int
+    content_type: str | None  # the MQTT 5 Content Type of the blob's publish, sent with its deliveries
 
     @staticmethod
-    def build(data_id: str, blob: bytes, ts_ms: int) -> tuple:
-        return (data_id, blob, ts_ms)
+    def build(data_id: str, blob: bytes, ts_ms: int, content_type: str | None = None) -> tuple:
+        return (data_id, blob, ts_ms, content_type)
 
 
 CONFLICT_PREFIX = "conflict: "  # an ingest result (error string) for a request id re-used with another data id
@@ -249,10 +250,12 @@ class IngestItem(NamedTuple):
     joined_vins: str  # the shard's VINs, join_vins()
     ts_ms: int  # row time: orders each vehicle's queue
     ttl_ms: int  # the trigger's time to live (0: none): rows not delivered by ts_ms + ttl_ms expire
+    user_properties: tuple  # the trigger's MQTT 5 User Properties ((name, value), ...), sent with its deliveries
 
     @staticmethod
-    def build(request_id: str, data_id: str, joined_vins: str, ts_ms: int, ttl_ms: int = 0) -> tuple:
-        return (request_id, data_id, joined_vins, ts_ms, ttl_ms)
+    def build(request_id: str, data_id: str, joined_vins: str, ts_ms: int, ttl_ms: int = 0,
+              user_properties: tuple = ()) -> tuple:
+        return (request_id, data_id, joined_vins, ts_ms, ttl_ms, user_properties)
 
 
 # -- ConnectionNode -> ConnectionNode -------------------------------------------------------------------------

@@ -185,7 +185,7 @@ class DispatcherCore:
         """
         out: list[str | None] = []
         earlier: dict[str, list[tuple[str, str]]] = {}  # request id -> (data id, joined VINs) accepted before
-        for request_id, data_id, joined, _ts, _ttl in items:
+        for request_id, data_id, joined, _ts, _ttl, _props in items:
             reason = None
             before = earlier.get(request_id)
             if before is not None or self.store.request_rows(request_id, limit=1):
@@ -296,20 +296,28 @@ class DispatcherCore:
         for _vin, _gen, _key, _rid, data_id, _dup in sends:
             if data_id not in payloads:
                 payloads[data_id] = blob(data_id) or b""
-        return DeliverBatch.build(sends, payloads, kicks, self._delivery_props(sends))
+        return DeliverBatch.build(sends, payloads, kicks, self._delivery_props(sends, payloads))
 
-    def _delivery_props(self, sends: list[tuple]) -> tuple | None:
-        """The :class:`fanout.records.DeliveryProps` of ``sends``: built once per batch, and only when a
-        request of the shard has a ttl (then one dict lookup per delivery); None otherwise."""
-        expires = self.lifecycle.expires
-        if not expires:
+    def _delivery_props(self, sends: list[tuple], payloads: dict[str, bytes]) -> tuple | None:
+        """The :class:`fanout.records.DeliveryProps` of ``sends``: built once per batch; the per-delivery
+        lookups run only when a request of the shard has a ttl or User Properties. None when nothing of
+        the batch has a property."""
+        life = self.lifecycle
+        expires, users = life.expires, life.user_properties
+        types = self.blobs.content_types(payloads)
+        if not (expires or users or types):
             return None
         ttl: dict[str, int] = {}
-        for _vin, _gen, _key, request_id, _did, _dup in sends:
-            at = expires.get(request_id)
-            if at is not None:
-                ttl[request_id] = at
-        return DeliveryProps.build(ttl, {}, {}) if ttl else None
+        props: dict[str, tuple] = {}
+        if expires or users:
+            for _vin, _gen, _key, request_id, _did, _dup in sends:
+                at = expires.get(request_id)
+                if at is not None:
+                    ttl[request_id] = at
+                pairs = users.get(request_id)
+                if pairs is not None:
+                    props[request_id] = pairs
+        return DeliveryProps.build(ttl, props, types) if ttl or props or types else None
 
     def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
         """One write batch finishing every row queued so far: ``ids`` deleted, ``reqs`` marked delivered

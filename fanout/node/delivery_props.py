@@ -1,6 +1,14 @@
-"""The MQTT 5 properties of a dispatcher's deliveries, as the broker core sends them.
+"""The MQTT 5 properties a fanout delivery carries: taken from the platform's publishes at ingest, and built
+for the broker core at delivery.
 
-Strategy: a :class:`fanout.records.DeliveryProps` names, per request of one ``deliver`` batch, its ttl deadline
+Ingest: a trigger's User Properties (a trace id, a campaign id) go, in order, to every delivery of its request,
+and the Content Type of a blob's publish to every delivery of the blob. Both are stored through the replicated
+write path (``reqprops``/``blobprops``, :mod:`storage.tables`), so a delivery after a restart or a failover
+carries them too. The User Properties of one trigger are bounded (:data:`MAX_USER_PROPERTIES` pairs,
+:data:`MAX_USER_PROPERTY_BYTES` bytes of names and values): over either, the trigger is refused as over a bound
+(0x97 Quota exceeded for an MQTT 5 platform, field ``user_properties``). A 3.1.1 publish has none.
+
+Delivery: a :class:`fanout.records.DeliveryProps` names, per request of one ``deliver`` batch, its ttl deadline
 and its trigger's User Properties, and per blob its Content Type. Thousands of deliveries of a batch share a
 few (request, blob) pairs, so each pair's :class:`fanout.mqtt.message5.MsgProps` is built once (its properties
 encoded once) and handed to every delivery of the pair. A batch without properties carries None and costs
@@ -18,8 +26,36 @@ from typing import Any
 
 from fanout.mqtt.message5 import MsgProps
 from fanout.mqtt.properties import EMPTY_PROPERTIES, Properties
+from fanout.trigger import TriggerError
+
+MAX_USER_PROPERTIES = 32  # User Properties per trigger
+MAX_USER_PROPERTY_BYTES = 4096  # UTF-8 bytes of the names and values of one trigger's User Properties
 
 _UNSET = object()
+
+
+def user_properties_of(properties: Any, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The User Properties of a trigger's publish (``IngestTicket.properties``; None for 3.1.1), in order.
+
+    Raises:
+        TriggerError: ``field="user_properties"``, ``over_limit``: more pairs or bytes than the bounds.
+    """
+    if properties is None or not properties.user_properties:
+        return ()
+    pairs = properties.user_properties
+    if len(pairs) > MAX_USER_PROPERTIES:
+        raise TriggerError("user_properties", f"{len(pairs)} user properties, at most {MAX_USER_PROPERTIES}",
+                           request_id=request_id, over_limit=True)
+    size = sum(len(name.encode()) + len(value.encode()) for name, value in pairs)
+    if size > MAX_USER_PROPERTY_BYTES:
+        raise TriggerError("user_properties", f"{size} bytes of user properties, at most {MAX_USER_PROPERTY_BYTES}",
+                           request_id=request_id, over_limit=True)
+    return pairs
+
+
+def content_type_of(properties: Any) -> str | None:
+    """The Content Type of a blob's publish (None without one, or for 3.1.1)."""
+    return None if properties is None else properties.content_type
 
 
 class BatchProps:
@@ -57,4 +93,4 @@ class BatchProps:
         return MsgProps(props, None if expires is None else expires + self._offset)
 
 
-__all__ = ["BatchProps"]
+__all__ = ["BatchProps", "MAX_USER_PROPERTIES", "MAX_USER_PROPERTY_BYTES", "content_type_of", "user_properties_of"]

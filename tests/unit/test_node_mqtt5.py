@@ -351,3 +351,90 @@ async def test_a_fanout_message_that_expires_in_the_vehicles_queue_is_not_sent_a
     assert car.publishes5() == []
     status = cluster.cores[cluster.link.shards_of[0]].lifecycle.status("r1", [])
     assert (status["pending"], status["expired"]) == (0, 1), status
+
+
+USERS = (("trace", "t-1"), ("campaign", "c9"), ("trace", "t-2"))  # in order, a name may repeat
+
+
+async def publish_with_props(cluster: Cluster, p: Client5, request_id: str = "r1", vins=("V1", "V2"), pid: int = 1,
+                             users=USERS, content_type: str | None = "application/octet-stream",
+                             interval: int | None = 60) -> list:
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, pid, Properties(content_type=content_type)),
+           Publish5("$SDV-FANOUT/trigger", trigger(list(vins), request_id), 1, False, False, pid + 1,
+                    Properties(user_properties=users, message_expiry_interval=interval)))
+    await cluster.pump()
+    return p.acks5()
+
+
+async def test_deliveries_carry_the_triggers_user_properties_and_the_blobs_content_type(cluster):
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    old = vehicle(cluster, "V2")
+    await cluster.pump()
+    assert await publish_with_props(cluster, platform5(cluster)) == [(1, 0, None), (2, 0, None)]
+    (msg,) = car.publishes5()
+    assert (msg.topic, msg.payload) == ("agent/V1/proxy/request/r1", b"BLOB")
+    props = msg.properties
+    assert (props.user_properties, props.content_type) == (USERS, "application/octet-stream")
+    assert 59 <= props.message_expiry_interval <= 60
+    assert [m.payload for m in old.publishes()] == [b"BLOB"]  # 3.1.1: the same message without properties
+    # a request without properties in the same vehicle's queue: a plain MQTT 5 delivery
+    car.send(Puback5(msg.packet_id, 0))
+    p = platform5(cluster, "platform-b")
+    p.send(Publish5("$SDV-FANOUT/data/d2", b"TWO", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"], "r2", "d2"), 1, False, False, 2))
+    await cluster.pump()
+    (plain,) = car.publishes5()
+    assert plain.payload == b"TWO" and plain.properties == EMPTY_PROPERTIES
+
+
+async def test_a_blob_published_again_takes_the_content_type_of_its_latest_publish(cluster):
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    await cluster.pump()
+    p = platform5(cluster)
+    await publish_with_props(cluster, p, users=(), content_type="text/plain", interval=None)
+    (first,) = car.publishes5()
+    assert first.properties.content_type == "text/plain"
+    car.send(Puback5(first.packet_id, 0))
+    await publish_with_props(cluster, p, "r2", pid=3, users=(), content_type=None, interval=None)  # same blob, no type
+    (second,) = car.publishes5()
+    assert second.properties == EMPTY_PROPERTIES
+
+
+@pytest.mark.parametrize("users, reason", [
+    (tuple(("k", str(i)) for i in range(33)), "33 user properties, at most 32"),
+    ((("big", "v" * 4094),), "4097 bytes of user properties, at most 4096"),
+])
+async def test_user_properties_over_the_bounds_are_refused_with_0x97_and_write_nothing(cluster, users, reason):
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1))
+    await cluster.pump()
+    seq = [s.applied_seq for s in cluster.stores]
+    p.send(Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 2, Properties(user_properties=users)))
+    await cluster.pump()
+    (_blob, (pid, code, text)) = p.acks5()
+    assert (pid, code) == (2, RC.QUOTA_EXCEEDED)
+    assert text == f"invalid_trigger: user_properties: {reason}"
+    assert [s.applied_seq for s in cluster.stores] == seq and not p.closed
+    at_bound = users[:32] if len(users) > 32 else (("big", "v" * 4093),)
+    p.send(Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 3, Properties(user_properties=at_bound)))
+    await cluster.pump()
+    assert p.acks5() == [(3, 0, None)]
+
+
+async def test_a_restarted_dispatcher_still_sends_the_properties_from_its_store(cluster):
+    """The properties are durable: a dispatcher started afresh on the same store (a restart, a promoted replica)
+    reads them from the ``reqprops``/``blobprops`` tables, not from anything the ingest left in memory."""
+    assert [c for _p, c, _r in await publish_with_props(cluster, platform5(cluster), vins=("V1",))] == [0, 0]
+    shard = cluster.link.shards_of[0]
+    cluster.cores[shard] = DispatcherCore(cluster.stores[shard], shard, 2, started_ms=0)
+    cluster.link.cores = cluster.cores
+    assert cluster.cores[shard].lifecycle.user_properties == {"r1": USERS}
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    car.send(Publish5("ecp/V1/online", b"", 0))
+    await cluster.pump()
+    (msg,) = car.publishes5()
+    assert (msg.properties.user_properties, msg.properties.content_type) == (USERS, "application/octet-stream")
+    assert 59 <= msg.properties.message_expiry_interval <= 60

@@ -32,7 +32,7 @@ SAMPLES = {"client_id": "V1", "vin": "V1", "generation": 7, "session_present": T
            "inflight_key": b"V1\x00k", "row_key": b"V1\x00k", "at_us": 12, "request_id": "r1", "data_id": "d1",
            "dup": True, "too_large": True, "status": 3, "blob": b"B", "ts_ms": 5, "joined_vins": "V1\nV2", "ttl_ms": 3000, "topic": "t",
            "payload": b"p", "qos": 1, "retain": False, "deliveries": [], "payloads": {}, "kicks": [],
-           "expires": {"r1": 9000}, "user_properties": {"r1": (("trace", "t1"),)}, "content_types": {"d1": "text/plain"},
+           "expires": {"r1": 9000}, "user_properties": {"r1": (("trace", "t1"),)}, "content_types": {"d1": "text/plain"}, "content_type": "text/plain",
            "props": ({"r1": 9000}, {}, {}),
            "properties": Properties(content_type="text/plain", user_properties=(("trace", "t1"),))}
 
