@@ -307,6 +307,7 @@ class Dispatcher:
         Returns:
             ``{"requests": [request ids swept], "rows": n}``.
         """
+        self.core.lifecycle.forget_done()  # once per GC cycle: the User Properties of finished requests
         taken = self.core.lifecycle.sweep_batch(_now_ms())
         if taken is None:
             return {"requests": [], "rows": 0}

@@ -22,7 +22,7 @@ from fanout.mqtt.packets import Connect, Puback, Publish, Subscribe, Unsubscribe
 from fanout.mqtt.properties import Properties
 from fanout.node.core import NodeCore
 from fanout.records import (
-    EVENT_RECORDS, WIRE_RECORDS, AckEvent, BlobItem, ConnectEvent, Delivery, DeliveryFailure, DeliverBatch,
+    EVENT_RECORDS, WIRE_RECORDS, AckEvent, BlobItem, ConnectEvent, Delivery, DeliveryFailure, DeliveryProps, DeliverBatch,
     DisconnectEvent, FailedEvent, Forward, HeartbeatEvent, IngestItem, Kick, SubscribedEvent, SyncEvent,
     pack_batch, read_event, unpack_batch,
 )
@@ -242,3 +242,28 @@ def test_forwards_from_the_route_table_are_what_the_peer_node_core_delivers(pair
     assert node.apply_forwards([fw]) == 1
     flush(broker)
     assert [p.topic for p in sub.inbox if isinstance(p, Publish)] == ["sensors/t"]
+
+
+def test_delivery_props_built_by_the_dispatcher_core_are_read_by_the_node(pair):
+    """The fourth field of a DeliverBatch: the dispatcher core names each request's ttl deadline and User
+    Properties and each blob's Content Type once; the node core reads them (BatchProps) after pack_batch."""
+    from fanout.node.delivery_props import BatchProps
+    node, core, broker = pair
+    core.store.apply(core.blob_batch([BlobItem.build("d1", b"BLOB", 1, "text/plain")]))
+    core.blobs_stored([BlobItem.build("d1", b"BLOB", 1, "text/plain")])
+    users = (("trace", "t-1"), ("campaign", "c9"))
+    now_ms = 10**12  # the node's test clock
+    batch, _results, _vins = core.ingest_batch([IngestItem.build("r1", "d1", "V1", now_ms, 60_000, users)])
+    core.store.apply(batch)
+    car = Peer(broker, "V1")
+    car.send(Subscribe(1, (("agent/V1/proxy/request/+", 1),)), Publish("ecp/V1/online", b"", 0, False, False, None))
+    ship_events(node, core)
+    core.drain(10)
+    wire = roundtrip(core.take_node_batch("n0"))
+    read = DeliverBatch(*wire)
+    assert DeliveryProps(*read.props) == DeliveryProps({"r1": now_ms + 60_000}, {"r1": users}, {"d1": "text/plain"})
+    msg = BatchProps(read.props, wall_now_ms=now_ms, broker_now_ms=1).of("r1", "d1")
+    assert (msg.props.user_properties, msg.props.content_type, msg.expires_ms) == (users, "text/plain", 60_001)
+    assert node.apply_deliveries(*wire) == []
+    flush(broker)
+    assert [p.payload for p in car.inbox if isinstance(p, Publish)] == [b"BLOB"]  # 3.1.1: the payload only
