@@ -411,8 +411,11 @@ class DispatcherCore:
         return introspection.inspect_request(self, request_id, limit)
 
     def inspect_data(self, data_id: str) -> dict[str, Any] | None:
-        """Meta of one blob on this shard, or None."""
-        return self.store.get_meta(data_id)
+        """Meta of one blob on this shard (with the MQTT 5 Content Type of its latest publish), or None."""
+        meta = self.store.get_meta(data_id)
+        if meta is not None:
+            meta["content_type"] = self.store.get_content_type(data_id)
+        return meta
 
 
 __all__ = ["DispatcherCore", "DISPATCH_SLICE"]

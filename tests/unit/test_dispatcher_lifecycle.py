@@ -189,6 +189,8 @@ def test_a_restarted_core_loads_the_user_properties_of_requests_with_rows_pendin
     ingest_props(core, "r", ["A"], 100, (("campaign", "c9"),))
     again = DispatcherCore(core.store, 0, 1, started_ms=0)
     assert again.lifecycle.user_properties == {"r": (("campaign", "c9"),)}
+    assert again.inspect_request("r")["user_properties"] == (("campaign", "c9"),)  # fanout inspect request
+    assert again.inspect_data("d1")["content_type"] is None
     online(again, ["A"])
     again.apply_events("n0", [HeartbeatEvent.build("A", 10)])  # connecting alone sends nothing
     settle(again, 200)
