@@ -236,23 +236,23 @@ class ConnectionNode:
     # -- calls from dispatchers -------------------------------------------------------------------------------
 
     async def deliver(self, sends: list[tuple] | bytes, payloads: dict[str, bytes] | None = None,
-                      kicks: list[tuple] | None = None) -> list[tuple]:
+                      kicks: list[tuple] | None = None, props: tuple | None = None) -> list[tuple]:
         """Deliver a dispatcher's batch; returns the :class:`fanout.records.DeliveryFailure` tuples.
 
         ``sends`` may be ``pack_batch(DeliverBatch)`` (what dispatchers send).
         """
         if isinstance(sends, bytes):
-            sends, payloads, kicks = unpack_batch(sends)
+            sends, payloads, kicks, props = unpack_batch(sends)
         payloads = payloads or {}
         kicks = kicks or []
         started = time.perf_counter()
         if len(sends) <= DELIVER_CHUNK or self.server is None:
-            failures = self.edge.apply_deliveries(sends, payloads, kicks)
+            failures = self.edge.apply_deliveries(sends, payloads, kicks, props)
         else:  # the first PUBLISHes reach their sockets before the rest of the batch is encoded
-            failures = self.edge.apply_deliveries(sends[:DELIVER_CHUNK], payloads, kicks)
+            failures = self.edge.apply_deliveries(sends[:DELIVER_CHUNK], payloads, kicks, props)
             for i in range(DELIVER_CHUNK, len(sends), DELIVER_CHUNK):
                 self.server.flush_now()
-                failures += self.edge.apply_deliveries(sends[i:i + DELIVER_CHUNK], payloads)
+                failures += self.edge.apply_deliveries(sends[i:i + DELIVER_CHUNK], payloads, (), props)
         self._deliver_s += time.perf_counter() - started
         self._deliver_calls += 1
         return failures

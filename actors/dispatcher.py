@@ -40,7 +40,7 @@ import structlog
 
 from fanout import log as fanout_log
 from fanout.dispatcher.core import DispatcherCore
-from fanout.records import DeliverBatch, pack_batch, unpack_batch
+from fanout.records import pack_batch, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
@@ -307,6 +307,7 @@ class Dispatcher:
         Returns:
             ``{"requests": [request ids swept], "rows": n}``.
         """
+        self.core.lifecycle.forget_done()  # once per GC cycle: the User Properties of finished requests
         taken = self.core.lifecycle.sweep_batch(_now_ms())
         if taken is None:
             return {"requests": [], "rows": 0}
@@ -416,10 +417,10 @@ class Dispatcher:
             handle = self._nodes.get(node)
             if handle is None:
                 continue  # not wired yet (restart recovery in progress): the sends wait
-            sends, payloads, kicks = core.take_node_batch(node, MAX_SENDS_PER_CALL)
+            batch = core.take_node_batch(node, MAX_SENDS_PER_CALL)
             self._calls[node] = self._calls.get(node, 0) + 1
             self._calls_out += 1
-            asyncio.get_running_loop().create_task(self._deliver(node, handle, sends, payloads, kicks))
+            asyncio.get_running_loop().create_task(self._deliver(node, handle, batch))
 
     async def _write_deletes(self, batch: WriteBatch, deletes: list) -> None:
         try:
@@ -432,10 +433,12 @@ class Dispatcher:
             self._deleting = False
             self._kick()
 
-    async def _deliver(self, node: str, handle: Any, sends: list, payloads: dict, kicks: list) -> None:
+    async def _deliver(self, node: str, handle: Any, batch: tuple) -> None:
+        """One ``deliver`` call of a :class:`fanout.records.DeliverBatch` wire tuple to ``node``."""
+        sends = batch[0]
         started = time.perf_counter()
         try:
-            failures = await handle.deliver.remote(pack_batch(DeliverBatch.build(sends, payloads, kicks)))
+            failures = await handle.deliver.remote(pack_batch(batch))
             self._deliver_s += time.perf_counter() - started
             if failures:
                 self.core.delivery_failures(node, failures)

@@ -122,8 +122,8 @@ class HotPath:
                 core.deletes_applied(taken[1])
             t1 = pc()
             self.disp_s += t1 - t0
-            for sends, payloads, kicks in batches:
-                failures = self.edge.apply_deliveries(sends, payloads, kicks)
+            for sends, payloads, kicks, props in batches:
+                failures = self.edge.apply_deliveries(sends, payloads, kicks, props)
                 core.delivery_failures("n0", failures)
             v = self.vehicle_s
             self.flush()

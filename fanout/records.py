@@ -15,8 +15,9 @@ ConnectionNode -> Dispatcher ``events(node_id, pack_batch(events))``, one call p
 ``*Event`` records, whose first field ``kind`` (``EV_*``) says which.
 
 Dispatcher -> ConnectionNode ``deliver(pack_batch(DeliverBatch))``, one call per node per tick: the
-:class:`Delivery` orders, the blobs they name (each once) and the :class:`Kick` of connections taken over
-on another node; the reply lists the :class:`DeliveryFailure` of the sends not handed to a session.
+:class:`Delivery` orders, the blobs they name (each once), the :class:`Kick` of connections taken over
+on another node and the MQTT 5 properties of the deliveries (:class:`DeliveryProps`, None without any);
+the reply lists the :class:`DeliveryFailure` of the sends not handed to a session.
 
 ConnectionNode -> Dispatcher ingest: ``put_blobs([BlobItem])`` and ``ingest([IngestItem])``, where an
 ingest item carries the shard's VINs as ONE string joined by :data:`VIN_SEPARATOR` (a million VINs pickle
@@ -183,16 +184,30 @@ class Kick(NamedTuple):
         return (client_id, generation)
 
 
+class DeliveryProps(NamedTuple):
+    """The MQTT 5 properties of the deliveries of one :class:`DeliverBatch`, per request and per blob; only
+    the requests and blobs of the batch that have any are listed (the batch carries None when none has)."""
+
+    expires: dict  # {request_id: expires_ms}: wall-clock deadline of the request's ttl (Message Expiry Interval)
+    user_properties: dict  # {request_id: ((name, value), ...)}: the trigger's User Properties, in order
+    content_types: dict  # {data_id: content type}: the Content Type of the blob's PUBLISH
+
+    @staticmethod
+    def build(expires: dict, user_properties: dict, content_types: dict) -> tuple:
+        return (expires, user_properties, content_types)
+
+
 class DeliverBatch(NamedTuple):
     """The argument of one ``deliver`` call."""
 
     deliveries: list  # Delivery wire tuples, oldest first
     payloads: dict  # {data_id: blob}, each blob once
     kicks: list  # Kick wire tuples
+    props: tuple | None  # DeliveryProps wire tuple, None when no delivery of the batch has a property
 
     @staticmethod
-    def build(deliveries: list, payloads: dict, kicks: list) -> tuple:
-        return (deliveries, payloads, kicks)
+    def build(deliveries: list, payloads: dict, kicks: list, props: tuple | None = None) -> tuple:
+        return (deliveries, payloads, kicks, props)
 
 
 class DeliveryFailure(NamedTuple):
@@ -216,10 +231,11 @@ class BlobItem(NamedTuple):
     data_id: str
     blob: bytes
     ts_ms: int
+    content_type: str | None  # the MQTT 5 Content Type of the blob's publish, sent with its deliveries
 
     @staticmethod
-    def build(data_id: str, blob: bytes, ts_ms: int) -> tuple:
-        return (data_id, blob, ts_ms)
+    def build(data_id: str, blob: bytes, ts_ms: int, content_type: str | None = None) -> tuple:
+        return (data_id, blob, ts_ms, content_type)
 
 
 CONFLICT_PREFIX = "conflict: "  # an ingest result (error string) for a request id re-used with another data id
@@ -234,10 +250,12 @@ class IngestItem(NamedTuple):
     joined_vins: str  # the shard's VINs, join_vins()
     ts_ms: int  # row time: orders each vehicle's queue
     ttl_ms: int  # the trigger's time to live (0: none): rows not delivered by ts_ms + ttl_ms expire
+    user_properties: tuple  # the trigger's MQTT 5 User Properties ((name, value), ...), sent with its deliveries
 
     @staticmethod
-    def build(request_id: str, data_id: str, joined_vins: str, ts_ms: int, ttl_ms: int = 0) -> tuple:
-        return (request_id, data_id, joined_vins, ts_ms, ttl_ms)
+    def build(request_id: str, data_id: str, joined_vins: str, ts_ms: int, ttl_ms: int = 0,
+              user_properties: tuple = ()) -> tuple:
+        return (request_id, data_id, joined_vins, ts_ms, ttl_ms, user_properties)
 
 
 # -- ConnectionNode -> ConnectionNode -------------------------------------------------------------------------
@@ -266,7 +284,7 @@ class Forward(NamedTuple):
 
 
 WIRE_RECORDS: tuple[type, ...] = (
-    *EVENT_RECORDS.values(), Delivery, Kick, DeliverBatch, DeliveryFailure, BlobItem, IngestItem, Forward,
+    *EVENT_RECORDS.values(), Delivery, Kick, DeliveryProps, DeliverBatch, DeliveryFailure, BlobItem, IngestItem, Forward,
 )
 
 
@@ -297,7 +315,7 @@ def unpack_batch(data: object) -> Any:
 __all__ = [
     "EV_CONNECT", "EV_DISCONNECT", "EV_SUBSCRIBED", "EV_HEARTBEAT", "EV_ACK", "EV_FAILED", "EV_SYNC",
     "ConnectEvent", "DisconnectEvent", "SubscribedEvent", "HeartbeatEvent", "AckEvent", "FailedEvent", "SyncEvent",
-    "EVENT_RECORDS", "read_event", "Delivery", "Kick", "DeliverBatch", "DeliveryFailure", "BlobItem", "IngestItem",
+    "EVENT_RECORDS", "read_event", "Delivery", "Kick", "DeliveryProps", "DeliverBatch", "DeliveryFailure", "BlobItem", "IngestItem",
     "CONFLICT_PREFIX",
     "Forward", "WIRE_RECORDS", "VIN_SEPARATOR", "join_vins", "split_vins", "pack_batch", "unpack_batch",
 ]

@@ -46,6 +46,8 @@ EXPIRE = 16  # (op, vin, ts_ms, request_id, expired_ts_ms)
 SETTLE_PENDING = 17  # (op, request_id, status, ts_ms): every pending row of the request -> status (cancel, expiry)
 SET_EXPIRY = 18  # (op, request_id, expires_ms)
 SETTLE_IDS_IF = 19  # (op, vin, ts_ms, request_id, expected_data_id, status, settled_ts_ms)
+SET_REQUEST_PROPS = 20  # (op, request_id, [[name, value], ...]): the trigger's MQTT 5 User Properties
+SET_BLOB_PROPS = 21  # (op, data_id, content_type): the MQTT 5 Content Type of the blob's publish
 
 OP_NAMES: dict[int, str] = {
     PUT_BLOB: "put_blob",
@@ -67,6 +69,8 @@ OP_NAMES: dict[int, str] = {
     SETTLE_PENDING: "settle_pending",
     SET_EXPIRY: "set_expiry",
     SETTLE_IDS_IF: "settle_ids_if",
+    SET_REQUEST_PROPS: "set_request_props",
+    SET_BLOB_PROPS: "set_blob_props",
 }
 SETTLE_STATUSES = ("cancelled", "expired")  # what settle_pending may set (storage.tables.STATUS_*)
 GC_SETTLE_STATUSES = ("expired", "discarded")  # what settle_ids_if may set: past retention, blob gone
@@ -110,21 +114,41 @@ class WriteBatch:
         self.ops: list[Any] = ops if ops is not None else []
 
     # -- data -------------------------------------------------------------------------------
-    def put_blob(self, data_id: str, blob: bytes, ts_ms: int) -> WriteBatch:
-        """Store a blob and its meta ``{ts_ms, size, sha1}``.
+    def put_blob(self, data_id: str, blob: bytes, ts_ms: int, content_type: str | None = None) -> WriteBatch:
+        """Store a blob and its meta ``{ts_ms, size, sha1}``, and the Content Type of its publish.
 
         If ``meta`` already holds the same SHA-1, only ``meta.ts_ms`` is refreshed (to the later of
-        the two times) and the blob is not rewritten.
+        the two times) and the blob is not rewritten. Either way the blob's content type becomes
+        ``content_type`` (None: none), the one of its latest publish.
 
         Raises:
-            ValueError: invalid data id, timestamp, or a blob that is not bytes-like.
+            ValueError: invalid data id, timestamp, content type, or a blob that is not bytes-like.
         """
         keys.check_data_id(data_id)
         keys.check_ts_ms(ts_ms)
         if not isinstance(blob, (bytes, bytearray, memoryview)):
             raise ValueError(f"blob must be bytes, got {type(blob).__name__}")
+        if content_type is not None and not isinstance(content_type, str):
+            raise ValueError(f"content_type must be a str, got {type(content_type).__name__}")
         blob = bytes(blob)
         self.ops.append((PUT_BLOB, data_id, blob, ts_ms, hashlib.sha1(blob).hexdigest()))
+        if content_type is not None:
+            self.ops.append((SET_BLOB_PROPS, data_id, content_type))
+        return self
+
+    def set_request_props(self, request_id: str, user_properties: Iterable[tuple[str, str]]) -> WriteBatch:
+        """Record the MQTT 5 User Properties (in order) that ``request_id``'s deliveries carry (its trigger's;
+        a later trigger of the request carrying some replaces them). Nothing is written for no properties.
+
+        Raises:
+            ValueError: invalid request id, or a property that is not a pair of strings.
+        """
+        keys.check_request_id(request_id)
+        pairs = [[name, value] for name, value in user_properties]
+        if any(type(name) is not str or type(value) is not str for name, value in pairs):
+            raise ValueError("user properties must be (str, str) pairs")
+        if pairs:
+            self.ops.append((SET_REQUEST_PROPS, request_id, pairs))
         return self
 
     def touch_meta(self, data_id: str, ts_ms: int) -> WriteBatch:

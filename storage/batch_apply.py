@@ -50,6 +50,8 @@ class Dbs(NamedTuple):
     retained: Any
     metrics: Any
     requests: Any
+    reqprops: Any
+    blobprops: Any
 
 
 Counts = dict[str, int]
@@ -67,12 +69,14 @@ def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: R
         old_ts, size, old_sha1 = tables.unpack(raw)
         if old_sha1 == sha1:
             txn.put(key, tables.encode_meta(max(old_ts, ts_ms), size, sha1), db=dbs.meta)
+            txn.delete(key, db=dbs.blobprops)  # the latest publish's content type (set_blob_props follows)
             _inc(counts, "blob_refreshed")
             return
         _inc(counts, "blob_replaced")
     else:
         _inc(counts, "blob_new")
     txn.put(key, blob, db=dbs.data)
+    txn.delete(key, db=dbs.blobprops)  # the content type is the latest publish's: a set_blob_props op follows
     txn.put(key, tables.encode_meta(ts_ms, len(blob), sha1), db=dbs.meta)
 
 
@@ -280,6 +284,7 @@ def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     key = op[1].encode()
     hit = txn.delete(key, db=dbs.meta)
     hit = txn.delete(key, db=dbs.data) or hit
+    txn.delete(key, db=dbs.blobprops)
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
@@ -292,6 +297,7 @@ def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
         return
     txn.delete(key, db=dbs.meta)
     txn.delete(key, db=dbs.data)
+    txn.delete(key, db=dbs.blobprops)
     _inc(counts, "deleted")
 
 
@@ -342,6 +348,26 @@ def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
     _inc(counts, "expiry_set")
 
 
+def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    """The User Properties of a request's trigger (the latest trigger carrying some wins); none for a cancelled
+    request, which queues nothing either. Deleted with the request's ``requests`` row (RequestTally.flush)."""
+    _, request_id, pairs = op
+    if is_cancelled(txn, dbs.requests, request_id):
+        return
+    txn.put(request_id.encode(), tables.encode_user_properties(pairs), db=dbs.reqprops)
+    _inc(counts, "request_props_set")
+
+
+def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+    """The Content Type of a blob's publish (after its put_blob op; deleted with the blob)."""
+    _, data_id, content_type = op
+    key = data_id.encode()
+    if txn.get(key, db=dbs.meta) is None:
+        return  # no blob (not put, or GC'd): no orphan row
+    txn.put(key, tables.encode_blob_props(content_type), db=dbs.blobprops)
+    _inc(counts, "blob_props_set")
+
+
 _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, RequestTally], None]] = {
     B.PUT_BLOB: _put_blob,
     B.TOUCH_META: _touch_meta,
@@ -362,6 +388,8 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, RequestTally]
     B.SETTLE_PENDING: _settle_pending,
     B.SET_EXPIRY: _set_expiry,
     B.SETTLE_IDS_IF: _settle_ids_if,
+    B.SET_REQUEST_PROPS: _set_request_props,
+    B.SET_BLOB_PROPS: _set_blob_props,
 }
 
 
@@ -391,5 +419,5 @@ def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any]) -> Counts:
             handler(txn, dbs, op, counts, tally)
         except (ValueError, TypeError, KeyError) as exc:
             raise BatchFormatError(f"malformed {B.OP_NAMES[op[0]]} op: {exc}") from exc
-    tally.flush(txn, dbs.requests)
+    tally.flush(txn, dbs.requests, dbs.reqprops)
     return counts

@@ -75,6 +75,23 @@ class ShardReader:
         key = keys.data_key(data_id)
         return self._read(lambda txn: txn.get(key, db=self._dbs.data))
 
+    def get_content_type(self, data_id: str) -> str | None:
+        """The MQTT 5 Content Type of the blob's latest publish, or None."""
+        key = keys.data_key(data_id)
+        raw = self._read(lambda txn: txn.get(key, db=self._dbs.blobprops))
+        return None if raw is None else tables.decode_blob_props(raw)
+
+    def get_user_properties(self, request_id: str) -> tuple[tuple[str, str], ...]:
+        """The MQTT 5 User Properties ``request_id``'s deliveries carry (empty: none)."""
+        key = request_id.encode()
+        raw = self._read(lambda txn: txn.get(key, db=self._dbs.reqprops))
+        return () if raw is None else tables.decode_user_properties(raw)
+
+    def user_properties_all(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """``{request_id: user properties}`` of every request that has some."""
+        decode = tables.decode_user_properties
+        return self._read(lambda txn: {bytes(k).decode("utf-8"): decode(v) for k, v in txn.cursor(self._dbs.reqprops)})
+
     def get_meta(self, data_id: str) -> dict[str, Any] | None:
         """``{data_id, ts_ms, size, sha1}`` of a blob, or None."""
         key = keys.data_key(data_id)

@@ -102,8 +102,9 @@ class RequestTally:
         """``request_id`` was cancelled at ``ts_ms``: from now on a trigger naming it queues nothing."""
         self._of(request_id)[_CANCELLED_AT] = ts_ms
 
-    def flush(self, txn: lmdb.Transaction, db: Any) -> int:
-        """Add the deltas to the ``requests`` rows in ``txn``; returns how many rows were written."""
+    def flush(self, txn: lmdb.Transaction, db: Any, props_db: Any = None) -> int:
+        """Add the deltas to the ``requests`` rows in ``txn``; returns how many rows were written. A request
+        whose row is deleted loses its ``reqprops`` row (``props_db``) too."""
         written = 0
         for request_id, d in self._deltas.items():
             key = request_id.encode()
@@ -122,6 +123,8 @@ class RequestTally:
                 txn.put(key, tables.pack(row), db=db)
             else:
                 txn.delete(key, db=db)
+                if props_db is not None:
+                    txn.delete(key, db=props_db)
             written += 1
         self._deltas.clear()
         return written

@@ -16,6 +16,14 @@ is the column list an export (Parquet) uses.
 | retained | topic (or hash) | [topic, payload, qos, ts_ms] | topic, payload, qos, ts_ms |
 | metrics | name | [value, ts_ms] | name, value, ts_ms |
 | requests | request_id | [pending, delivered, discarded, expired, cancelled, first/last delivery ms, expires_ms, cancelled_ms] | request_id, the same fields (storage.request_stats) |
+| reqprops | request_id | [[name, value], ...] | request_id, user_properties |
+| blobprops | data_id | [content_type] | data_id, content_type |
+
+``reqprops`` and ``blobprops`` hold the MQTT 5 properties a fanout delivery carries: the User Properties of
+a request's trigger and the Content Type of a blob's publish, one small row per request or blob that has any
+(none for the others). They are tables of their own rather than fields of ``requests`` or ``meta``: an old
+store simply gets them empty at open, the per-delivery rewrites of the ``requests`` counters stay as small as
+they were, and ``meta`` keeps the layout the Spark jobs and exports read.
 """
 from __future__ import annotations
 
@@ -33,8 +41,10 @@ SYS = "sys"
 RETAINED = "retained"
 METRICS = "metrics"
 REQUESTS = "requests"  # per-request lifecycle counters (storage.request_stats)
-ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS, REQUESTS)
-USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS, REQUESTS)
+REQPROPS = "reqprops"  # a request's MQTT 5 User Properties, carried to its deliveries
+BLOBPROPS = "blobprops"  # a blob's MQTT 5 Content Type, carried to its deliveries
+ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS, REQUESTS, REQPROPS, BLOBPROPS)
+USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS, REQUESTS, REQPROPS, BLOBPROPS)
 """Tables whose content replication keeps identical on every replica (``sys`` is per store)."""
 
 STATUS_PENDING = "pending"
@@ -58,6 +68,8 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
     METRICS: ("name", "value", "ts_ms"),
     REQUESTS: ("request_id", "pending", "delivered", "discarded", "expired", "cancelled", "first_delivery_ms",
                "last_delivery_ms", "expires_ms", "cancelled_ms"),
+    REQPROPS: ("request_id", "user_properties"),
+    BLOBPROPS: ("data_id", "content_type"),
 }
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -106,6 +118,26 @@ def decode_req(raw: bytes, request_id: str, vin: str) -> dict[str, Any]:
     }
 
 
+def encode_user_properties(pairs: Any) -> bytes:
+    """Encode a ``reqprops`` value: the (name, value) pairs in order."""
+    return pack([[name, value] for name, value in pairs])
+
+
+def decode_user_properties(raw: bytes) -> tuple[tuple[str, str], ...]:
+    """Decode a ``reqprops`` value into ``((name, value), ...)``."""
+    return tuple((name, value) for name, value in unpack(raw))
+
+
+def encode_blob_props(content_type: str) -> bytes:
+    """Encode a ``blobprops`` value."""
+    return pack([content_type])
+
+
+def decode_blob_props(raw: bytes) -> str:
+    """Decode a ``blobprops`` value: the content type."""
+    return unpack(raw)[0]
+
+
 def encode_retained(topic: str, payload: bytes, qos: int, ts_ms: int) -> bytes:
     """Encode a ``retained`` value (the topic is kept: long topics are keyed by hash)."""
     return pack([topic, bytes(payload), qos, ts_ms])
@@ -150,6 +182,10 @@ def decode_row(db: str, key: bytes, raw: bytes) -> dict[str, Any]:
         return decode_metric(raw, bytes(key).decode("utf-8"))
     if db == SYS:
         return {"name": bytes(key).decode("utf-8"), "value": unpack(raw)}
+    if db == REQPROPS:
+        return {"request_id": bytes(key).decode("utf-8"), "user_properties": decode_user_properties(raw)}
+    if db == BLOBPROPS:
+        return {"data_id": bytes(key).decode("utf-8"), "content_type": decode_blob_props(raw)}
     if db == REQUESTS:
         request_id = bytes(key).decode("utf-8")
         return {"request_id": request_id, **dict(zip(ROW_FIELDS[REQUESTS][1:], unpack(raw)))}

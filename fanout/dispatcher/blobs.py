@@ -1,7 +1,8 @@
 """The blobs a dispatcher reads: which data ids exist on its shard, and a byte-bounded cache of contents.
 
 Strategy: every delivery batch carries each blob it needs once; the same few blobs serve thousands of
-rows (one per request), so they are read from the local store once and kept, up to
+rows (one per request), so they are read from the local store once and kept (with the MQTT 5 Content Type
+of their publish, ``blobprops``, which every delivery of the blob carries), up to
 :data:`BLOB_CACHE_BYTES` (cleared when full: the working set is a handful of recent requests). Which data
 ids exist is asked by every ingest round (``has_data``) and remembered once seen, the
 :data:`KNOWN_DATA_IDS` most recent (a forgotten one costs one ``meta`` read when asked again).
@@ -22,11 +23,12 @@ class BlobCache:
         max_bytes: most blob bytes kept.
     """
 
-    __slots__ = ("_store", "_blobs", "_bytes", "_known", "_max_bytes")
+    __slots__ = ("_store", "_blobs", "_types", "_bytes", "_known", "_max_bytes")
 
     def __init__(self, store: Any, max_bytes: int = BLOB_CACHE_BYTES) -> None:
         self._store = store
         self._blobs: dict[str, bytes] = {}
+        self._types: dict[str, str] = {}  # MQTT 5 Content Type of the cached blobs that have one
         self._bytes = 0
         self._known: dict[str, None] = {}  # insertion-ordered: the oldest is evicted first
         self._max_bytes = max_bytes
@@ -40,16 +42,29 @@ class BlobCache:
                 return None
             if self._bytes + len(blob) > self._max_bytes:
                 self._blobs.clear()
+                self._types.clear()
                 self._bytes = 0
             self._blobs[data_id] = blob
             self._bytes += len(blob)
+            content_type = self._store.get_content_type(data_id)
+            if content_type is not None:
+                self._types[data_id] = content_type
         return blob
+
+    def content_types(self, data_ids: Iterable[str]) -> dict[str, str]:
+        """``{data_id: Content Type}`` of those of ``data_ids`` whose blob has one (each read by :meth:`get`
+        first, as a delivery batch's payloads are)."""
+        types = self._types
+        if not types:
+            return {}
+        return {d: types[d] for d in data_ids if d in types}
 
     def stored(self, data_ids: Iterable[str]) -> None:
         """These blobs were (re)written: they exist, cached contents may be stale."""
         for data_id in data_ids:
             self._know(data_id)
             old = self._blobs.pop(data_id, None)
+            self._types.pop(data_id, None)
             if old is not None:
                 self._bytes -= len(old)
 
@@ -81,6 +96,7 @@ class BlobCache:
         """Blobs may have been deleted (a GC batch was applied): drop everything."""
         self._known.clear()
         self._blobs.clear()
+        self._types.clear()
         self._bytes = 0
 
 

@@ -38,8 +38,8 @@ from fanout.dispatcher.state import Delete
 from fanout.dispatcher.takeover import TakeoverRegistry
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (
-    CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, Delivery,
-    split_vins,
+    CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, DeliverBatch,
+    Delivery, DeliveryProps, split_vins,
 )
 from fanout.trigger import conflict_reason
 from storage import WriteBatch
@@ -185,7 +185,7 @@ class DispatcherCore:
         """
         out: list[str | None] = []
         earlier: dict[str, list[tuple[str, str]]] = {}  # request id -> (data id, joined VINs) accepted before
-        for request_id, data_id, joined, _ts, _ttl in items:
+        for request_id, data_id, joined, _ts, _ttl, _props in items:
             reason = None
             before = earlier.get(request_id)
             if before is not None or self.store.request_rows(request_id, limit=1):
@@ -282,8 +282,9 @@ class DispatcherCore:
         """Nodes with deliveries or kicks queued."""
         return self.output.nodes()
 
-    def take_node_batch(self, node: str, limit: int | None = None) -> tuple[list[tuple], dict[str, bytes], list[tuple]]:
-        """The :class:`fanout.records.DeliverBatch` for ``node``: deliveries, their blobs (each once), kicks.
+    def take_node_batch(self, node: str, limit: int | None = None) -> tuple:
+        """The :class:`fanout.records.DeliverBatch` wire tuple for ``node``: deliveries, their blobs (each
+        once), kicks, and the MQTT 5 properties of the deliveries (None when none has any).
 
         Args:
             node: the destination.
@@ -295,7 +296,28 @@ class DispatcherCore:
         for _vin, _gen, _key, _rid, data_id, _dup in sends:
             if data_id not in payloads:
                 payloads[data_id] = blob(data_id) or b""
-        return sends, payloads, kicks
+        return DeliverBatch.build(sends, payloads, kicks, self._delivery_props(sends, payloads))
+
+    def _delivery_props(self, sends: list[tuple], payloads: dict[str, bytes]) -> tuple | None:
+        """The :class:`fanout.records.DeliveryProps` of ``sends``: built once per batch; the per-delivery
+        lookups run only when a request of the shard has a ttl or User Properties. None when nothing of
+        the batch has a property."""
+        life = self.lifecycle
+        expires, users = life.expires, life.user_properties
+        types = self.blobs.content_types(payloads)
+        if not (expires or users or types):
+            return None
+        ttl: dict[str, int] = {}
+        props: dict[str, tuple] = {}
+        if expires or users:
+            for _vin, _gen, _key, request_id, _did, _dup in sends:
+                at = expires.get(request_id)
+                if at is not None:
+                    ttl[request_id] = at
+                pairs = users.get(request_id)
+                if pairs is not None:
+                    props[request_id] = pairs
+        return DeliveryProps.build(ttl, props, types) if ttl or props or types else None
 
     def take_deletes(self, now_ms: int) -> tuple[WriteBatch, list[Delete]] | None:
         """One write batch finishing every row queued so far: ``ids`` deleted, ``reqs`` marked delivered
@@ -389,8 +411,11 @@ class DispatcherCore:
         return introspection.inspect_request(self, request_id, limit)
 
     def inspect_data(self, data_id: str) -> dict[str, Any] | None:
-        """Meta of one blob on this shard, or None."""
-        return self.store.get_meta(data_id)
+        """Meta of one blob on this shard (with the MQTT 5 Content Type of its latest publish), or None."""
+        meta = self.store.get_meta(data_id)
+        if meta is not None:
+            meta["content_type"] = self.store.get_content_type(data_id)
+        return meta
 
 
 __all__ = ["DispatcherCore", "DISPATCH_SLICE"]

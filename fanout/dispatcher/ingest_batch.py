@@ -27,8 +27,8 @@ HEAD_WRITE_VINS = 256  # a bigger new batch commits and dispatches this many VIN
 def blob_batch(items: list[tuple]) -> WriteBatch:
     """One write batch storing :class:`fanout.records.BlobItem` items (a repeated blob refreshes meta.ts only)."""
     batch = WriteBatch()
-    for data_id, blob, ts_ms in items:
-        batch.put_blob(data_id, blob, ts_ms)
+    for data_id, blob, ts_ms, content_type in items:
+        batch.put_blob(data_id, blob, ts_ms, content_type)
     return batch
 
 
@@ -49,7 +49,7 @@ def ingest_batch(items: list[tuple], has_data: Callable[[list[str]], list[bool]]
     batch = WriteBatch()
     results: list[Any] = []
     vin_lists: list[list[str]] = []
-    for request_id, data_id, joined, ts_ms, ttl_ms in items:
+    for request_id, data_id, joined, ts_ms, ttl_ms, user_properties in items:
         if not has_data([data_id])[0]:
             results.append(f"unknown data_id {data_id!r} on shard {shard}")
             continue
@@ -57,6 +57,8 @@ def ingest_batch(items: list[tuple], has_data: Callable[[list[str]], list[bool]]
         try:
             if ttl_ms:  # in the same batch as the rows: no row of it is ever durable without its expiry
                 batch.set_expiry(request_id, ts_ms + ttl_ms)
+            if user_properties:  # likewise: no row is ever delivered without them
+                batch.set_request_props(request_id, user_properties)
             batch.enqueue_many(vins, ts_ms, request_id, data_id)
         except ValueError as exc:
             results.append(f"invalid trigger: {exc}")
@@ -78,13 +80,13 @@ def split_head(items: list[tuple], head_vins: int) -> tuple[list[tuple], list[tu
     """
     if not items:
         return None
-    request_id, data_id, joined, ts_ms, ttl_ms = items[0]
+    request_id, data_id, joined, ts_ms, ttl_ms, user_properties = items[0]
     if joined.count(VIN_SEPARATOR) < 2 * head_vins:
         return None
     parts = joined.split(VIN_SEPARATOR, head_vins)
     rest = parts.pop()
-    return ([(request_id, data_id, VIN_SEPARATOR.join(parts), ts_ms, ttl_ms)],
-            [(request_id, data_id, rest, ts_ms, ttl_ms), *items[1:]])
+    return ([(request_id, data_id, VIN_SEPARATOR.join(parts), ts_ms, ttl_ms, user_properties)],
+            [(request_id, data_id, rest, ts_ms, ttl_ms, user_properties), *items[1:]])
 
 
 def merge_head_result(head: Any, rest: Any) -> Any:

@@ -84,7 +84,7 @@ def inspect_request(core: DispatcherCore, request_id: str, limit: int = 1000) ->
     for r in rows:
         by_status[r["status"]] = by_status.get(r["status"], 0) + 1
     return {"shard": core.shard, "rows": len(rows), "by_status": by_status, "truncated": len(rows) >= limit,
-            "sample": rows[:INSPECT_ROWS]}
+            "sample": rows[:INSPECT_ROWS], "user_properties": core.store.get_user_properties(request_id)}
 
 
 __all__ = ["shard_stats", "inspect_vin", "inspect_request", "INSPECT_ROWS"]

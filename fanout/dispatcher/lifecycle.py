@@ -14,6 +14,12 @@ the dispatcher adds is what only it knows, and the two places where it must hold
   A row already handed to a node stays in flight: its PUBACK, if it comes, records it delivered.
 - **in flight**: what is in flight is dispatcher memory (one row per vehicle), counted per request when
   asked (:meth:`status`), not on the hot path.
+- **User Properties** of a request's trigger (MQTT 5), sent with each of its deliveries: ``user_properties``
+  maps request id -> pairs for the requests that have some and rows pending, filled like ``expires`` (by
+  ingest, whose batch writes them to the ``reqprops`` table, and at start from that table) and forgotten with
+  it when the request is settled (cancel, expiry sweep) or, at each GC cycle's expiry sweep (:meth:`forget_done`), when the
+  store says it has nothing pending. Both maps empty is the common case, and then a delivery batch carries no
+  properties at all.
 """
 from __future__ import annotations
 
@@ -38,13 +44,18 @@ class RequestLifecycle:
         store: the shard's ``ShardStore`` (read only: writes are returned as ``WriteBatch`` objects).
     """
 
-    __slots__ = ("store", "expires", "cancelling", "held", "expired_rows")
+    __slots__ = ("store", "expires", "user_properties", "_fresh", "cancelling", "held", "expired_rows")
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        counters = store.request_counters_all()
         self.expires: dict[str, int] = {
-            c["request_id"]: c["expires_ms"] for c in store.request_counters_all()
+            c["request_id"]: c["expires_ms"] for c in counters
             if c["expires_ms"] is not None and c[tables.STATUS_PENDING] > 0}
+        pending = {c["request_id"] for c in counters if c[tables.STATUS_PENDING] > 0}
+        self.user_properties: dict[str, tuple] = {
+            rid: props for rid, props in store.user_properties_all().items() if rid in pending}
+        self._fresh: set[str] = set()  # requests given properties since the last forget_done
         self.cancelling: set[str] = set()
         self.held: set[str] = set()  # VINs whose send was dropped by a cancel under way
         self.expired_rows = 0
@@ -52,10 +63,25 @@ class RequestLifecycle:
     # -- ingest and pick time ------------------------------------------------------------------------------
 
     def ingested(self, items: Iterable[tuple]) -> None:
-        """Note the expiry of :class:`fanout.records.IngestItem` items with a ttl (written with their rows)."""
-        for request_id, _data_id, _joined, ts_ms, ttl_ms in items:
+        """Note the expiry and User Properties of :class:`fanout.records.IngestItem` items that have them
+        (written with their rows)."""
+        for request_id, _data_id, _joined, ts_ms, ttl_ms, user_properties in items:
             if ttl_ms:
                 self.expires[request_id] = ts_ms + ttl_ms
+            if user_properties:
+                self.user_properties[request_id] = tuple(user_properties)
+                self._fresh.add(request_id)
+
+    def forget_done(self) -> None:
+        """Forget the User Properties of the requests with nothing pending on the shard any more (all delivered,
+        discarded, or removed by GC), so that memory follows the requests in progress. A request ingested since
+        the previous call is kept whatever the store says: its rows may not be written yet."""
+        users = self.user_properties
+        if not users:
+            return
+        pending = {rid for rid, n, _cancelled, _expired in self.store.request_states() if n > 0}
+        fresh, self._fresh = self._fresh, set()
+        self.user_properties = {rid: p for rid, p in users.items() if rid in pending or rid in fresh}
 
     def expired(self, request_id: str, now_ms: int) -> bool:
         """Whether a row of ``request_id`` picked at ``now_ms`` is past its request's ttl."""
@@ -80,6 +106,7 @@ class RequestLifecycle:
         """The cancel batch is durable (or failed): returns the VINs held back, to dispatch again."""
         self.cancelling.discard(request_id)
         self.expires.pop(request_id, None)
+        self.user_properties.pop(request_id, None)
         if self.cancelling:
             return []
         held, self.held = list(self.held), set()
@@ -101,6 +128,7 @@ class RequestLifecycle:
         """The sweep batch is durable: its requests have nothing pending left."""
         for rid in lapsed:
             self.expires.pop(rid, None)
+            self.user_properties.pop(rid, None)
 
     # -- status ------------------------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ tests drive the same object with the in-memory broker.
   translated by a dict lookup.
 - Deliveries (:meth:`apply_deliveries`): one ``Broker.deliver`` per send, QoS 1, tag = row key,
   ``require_subscription`` on; a send for a connection that is not the live one (another generation) is
-  refused as NOT_CONNECTED without touching the broker. Only failures are returned.
+  refused as NOT_CONNECTED without touching the broker. Only failures are returned. A batch's MQTT 5
+  properties (remaining expiry, User Properties, Content Type) go with each send (:mod:`fanout.node.delivery_props`).
 - Ingest tickets queue up and run in rounds (:mod:`fanout.node.ingest_rounds`); the outcome of each ticket is applied
   in order: ``complete_publish`` (PUBACK after the durable write) or ``reject_publish`` (JSON error on
   ``$SDV-FANOUT/errors/<client_id>``, forwarded to the other nodes too, then close; an MQTT 5 publisher gets a
@@ -43,6 +44,7 @@ from fanout.mqtt.hooks import (
     BrokerHooks, ClientConnected, ClientDisconnected, Delivered, DeliveryDropped, DeliverStatus, Heartbeat,
     IngestTicket, LocalPublish, Subscribed, Unsubscribed,
 )
+from fanout.node.delivery_props import BatchProps
 from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
 from fanout.node.event_batching import EventBatching
 from fanout.node.ingest_rounds import IngestRounds, ShardLink
@@ -345,13 +347,15 @@ class NodeCore(BrokerHooks):
     # -- deliveries and kicks from dispatchers ---------------------------------------------------------------
 
     def apply_deliveries(self, sends: Sequence[tuple], payloads: dict[str, bytes],
-                         kicks: Sequence[tuple] = ()) -> list[tuple]:
+                         kicks: Sequence[tuple] = (), props: tuple | None = None) -> list[tuple]:
         """Execute one dispatcher batch.
 
         Args:
             sends: :class:`fanout.records.Delivery` tuples.
             payloads: ``{data_id: blob}`` for the sends.
             kicks: :class:`fanout.records.Kick` tuples: connections to close (taken over on another node).
+            props: the batch's :class:`fanout.records.DeliveryProps` (MQTT 5 properties of its deliveries:
+                remaining expiry, the trigger's User Properties, the blob's Content Type), or None.
 
         Returns:
             A :class:`fanout.records.DeliveryFailure` for every send that was not handed to the session
@@ -368,6 +372,7 @@ class NodeCore(BrokerHooks):
         topics = self.topics
         head, tail, simple = topics.head, topics.tail, topics.simple
         failures: list[tuple] = []
+        props_of = None if props is None else BatchProps(props, self._wall_us() // 1000, self.broker.state.now).of
         for vin, gen, key, request_id, data_id, dup in sends:
             entry = live.get(vin)
             if entry is None or entry[1] != gen or not entry[3]:  # only to the vehicle itself (trust model (a))
@@ -375,7 +380,8 @@ class NodeCore(BrokerHooks):
                 continue
             # The covering filters let the broker skip matching the topic against every filter.
             topic = f"{head}{vin}{tail}{request_id}" if simple else topics.topic(vin, request_id)
-            status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin), dup=dup)
+            status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin), dup=dup,
+                             props=None if props_of is None else props_of(request_id, data_id))
             if status >= _FAILED_MIN:
                 failures.append(failure(vin, gen, key, int(status)))
         self.deliver_failures += len(failures)

@@ -28,6 +28,8 @@ MQTT 5 platforms (a ticket with ``properties``):
   counted from the acceptance of the trigger); with both, the smaller wins. It is checked as ``ttl`` is (1 s
   to :data:`fanout.trigger.MAX_TTL_MS`; 0 would expire the request before any delivery): out of range, the
   trigger is rejected with field ``message_expiry_interval``;
+- a trigger's User Properties and a blob's Content Type go with the items to the shards, which store them for
+  the deliveries (:mod:`fanout.node.delivery_props`; over the User Properties bounds: 0x97);
 - a rejection carries the PUBACK reason code in ``"reason_code"`` (the broker core sends it,
   :func:`fanout.mqtt.link5.negative_ack5`): 0x97 Quota exceeded for input over a configured bound (VINs,
   blob size) or a full store, 0x90 Topic Name invalid for a bad data id or request id in the topic, 0x83
@@ -55,6 +57,7 @@ import structlog
 
 from fanout.mqtt.hooks import IngestTicket
 from fanout.mqtt.reason_codes import ReasonCode as RC
+from fanout.node.delivery_props import content_type_of, user_properties_of
 from fanout.records import CONFLICT_PREFIX, BlobItem, IngestItem, join_vins
 from fanout.request_control import CANCEL, STATUS, Control, is_request_topic, parse_control, reply
 from fanout.trigger import (
@@ -293,6 +296,7 @@ class IngestRounds:
                         trig, buckets = await loop.run_in_executor(None, self._parse_split, t.payload, shards)
                     else:
                         trig, buckets = self._parse_split(t.payload, shards)
+                    user_properties_of(t.properties, trig.request_id)  # bounded before anything is written
                     work.append(_Work(i, t, trigger=with_expiry(trig, t.properties), buckets=buckets))
                 else:
                     data_id = parse_data_topic(t.topic)
@@ -308,7 +312,8 @@ class IngestRounds:
         return trig, split_by_shard(trig.vins, shards)
 
     async def _put_blobs(self, blobs: list[_Work], outcomes: list[Any], now: int) -> None:
-        items = [BlobItem.build(w.data_id, w.ticket.payload, now) for w in blobs]  # type: ignore[arg-type]
+        items = [BlobItem.build(w.data_id, w.ticket.payload, now, content_type_of(w.ticket.properties))  # type: ignore[arg-type]
+                 for w in blobs]
         results = await asyncio.gather(
             *(self._link.put_blobs(s, items) for s in range(self._link.shards)), return_exceptions=True
         )
@@ -427,13 +432,14 @@ class IngestRounds:
             trig = w.trigger
             assert trig is not None and w.buckets is not None
             ts = self._next_ts(now)
+            users = user_properties_of(w.ticket.properties)  # checked against the bounds in _validate
             big = len(trig.vins) > 200_000
             for shard, vins in enumerate(w.buckets):
                 if not vins:
                     continue
                 joined = await loop.run_in_executor(None, join_vins, vins) if big else join_vins(vins)
                 per_shard.setdefault(shard, []).append(IngestItem.build(trig.request_id, trig.data_id, joined, ts,
-                                                                         trig.ttl_ms))
+                                                                         trig.ttl_ms, users))
                 owners.setdefault(shard, []).append(w)
             w.buckets = None
         shards = list(per_shard)

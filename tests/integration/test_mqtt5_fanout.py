@@ -4,7 +4,8 @@ What the broker core gives the fanout contract on MQTT 5 today: deliveries reach
 PUBLISHes within their Receive Maximum (one in flight per vehicle either way), and an invalid trigger from an
 MQTT 5 platform gets a negative PUBACK (0x99, or the code naming the problem: 0x83 unknown data id, 0x90 a bad data
 topic) while its connection stays open for the next submission; a trigger's Message Expiry Interval is its
-request's time to live.
+request's time to live, and each delivery carries what is left of it, the trigger's User Properties (in order)
+and the Content Type of the blob's publish.
 """
 from __future__ import annotations
 
@@ -101,3 +102,28 @@ def test_refused_ingest_from_mqtt5_platform_names_the_problem_in_the_reason_code
     assert p.publish("$SDV-FANOUT/trigger", unknown, 1, properties=pub_props(MessageExpiryInterval=0)) == 0x83
     assert p.last_ack_properties.ReasonString.startswith("invalid_trigger: message_expiry_interval")
     assert p.disconnects.empty() and p.client.is_connected()
+
+
+def test_deliveries_carry_user_properties_content_type_and_the_remaining_expiry(fanout, clients):
+    vin = "M5PRP0000000001"
+    car = Paho5(vin)
+    clients.append(car)
+    car.connect(fanout.port)
+    assert car.subscribe((f"agent/{vin}/proxy/request/+", opts(1))) == [1]
+    p = _platform(fanout, clients, "m5-platform-props")
+    assert p.publish("$SDV-FANOUT/data/m5-prp-blob", b"{}", 1, properties=pub_props(ContentType="application/json")) == 0
+    trigger = json.dumps({"ids": [vin], "request_id": "m5-prp", "data_id": "m5-prp-blob"}).encode()
+    users = [("trace", "t-42"), ("campaign", "spring"), ("trace", "t-43")]
+    assert p.publish("$SDV-FANOUT/trigger", trigger, 1,
+                     properties=pub_props(UserProperty=users, MessageExpiryInterval=600)) == 0
+    msg = car.get(timeout=20)
+    assert (msg.topic, msg.payload) == (f"agent/{vin}/proxy/request/m5-prp", b"{}")
+    props = msg.properties
+    assert props.UserProperty == users  # in order, a repeated name kept
+    assert props.ContentType == "application/json"
+    assert 590 <= props.MessageExpiryInterval <= 600  # what is left of the request's time to live
+    wait_until(lambda: fanout.inspect("request", "m5-prp")["by_status"] == {"delivered": 1}, 20, "acknowledged")
+    over = [("k", str(i)) for i in range(33)]  # over the bound: refused, nothing queued
+    again = json.dumps({"ids": [vin], "request_id": "m5-prp-over", "data_id": "m5-prp-blob"}).encode()
+    assert p.publish("$SDV-FANOUT/trigger", again, 1, properties=pub_props(UserProperty=over)) == 0x97
+    assert p.last_ack_properties.ReasonString.startswith("invalid_trigger: user_properties")

@@ -6,7 +6,9 @@ import pytest
 
 from fanout.dispatcher.core import DispatcherCore
 from fanout.dispatcher.lifecycle import merge, request_of
-from fanout.records import AckEvent, BlobItem, ConnectEvent, HeartbeatEvent, IngestItem, SubscribedEvent, join_vins
+from fanout.records import (
+    AckEvent, BlobItem, ConnectEvent, DeliveryProps, HeartbeatEvent, IngestItem, SubscribedEvent, join_vins,
+)
 from storage import ShardStore
 from storage.keys import ids_key
 
@@ -146,3 +148,52 @@ def test_expiry_cache_and_counters_survive_a_restart(tmp_path):
 
 def test_request_of_an_ids_key():
     assert request_of(ids_key("VIN1", 123, "req/1")) == "req/1"
+
+
+# -- User Properties of requests (MQTT 5) ---------------------------------------------------------------------------
+
+def ingest_props(core: DispatcherCore, request_id: str, vins: list[str], ts_ms: int, users: tuple) -> None:
+    item = IngestItem.build(request_id, "d1", join_vins(vins), ts_ms, 0, users)
+    batch, _results, vin_lists = core.ingest_batch([item])
+    core.store.apply(batch)
+    for vl in vin_lists:
+        core.dispatch_new(vl)
+
+
+def test_user_properties_go_with_their_deliveries_and_are_forgotten_when_the_request_is_done(core):
+    users = (("trace", "t-1"),)
+    online(core, ["A", "B"])
+    ingest_props(core, "r", ["A"], 100, users)
+    ingest(core, "plain", ["B"], 100)
+    settle(core, 200)
+    sends, _payloads, _kicks, props = core.take_node_batch("n0")
+    assert sorted((s[0], s[3]) for s in sends) == [("A", "r"), ("B", "plain")]
+    assert DeliveryProps(*props) == DeliveryProps({}, {"r": users}, {})  # only the request that has some
+    core.lifecycle.forget_done()
+    assert core.lifecycle.user_properties == {"r": users}  # pending (in flight), and fresh
+    core.apply_events("n0", [AckEvent.build("A", gen("A", ["A", "B"]), sends[0][2] if sends[0][0] == "A" else sends[1][2])])
+    settle(core, 300)
+    core.lifecycle.forget_done()
+    assert core.lifecycle.user_properties == {}  # delivered everywhere on the shard: forgotten
+    ingest_props(core, "r2", ["A"], 400, users)
+    core.store.apply(core.lifecycle.begin_cancel("r2", 401))  # nothing pending, but ingested since the last call
+    core.lifecycle.user_properties["r2"] = users  # (a cancel forgets it: put back to see forget_done keep it)
+    core.lifecycle.forget_done()
+    assert core.lifecycle.user_properties == {"r2": users}  # its rows may not be written yet: kept once
+    core.lifecycle.forget_done()
+    assert core.lifecycle.user_properties == {}
+    assert DispatcherCore(core.store, 0, 1).lifecycle.user_properties == {}  # a restart does not load it either
+
+
+def test_a_restarted_core_loads_the_user_properties_of_requests_with_rows_pending(core):
+    ingest_props(core, "r", ["A"], 100, (("campaign", "c9"),))
+    again = DispatcherCore(core.store, 0, 1, started_ms=0)
+    assert again.lifecycle.user_properties == {"r": (("campaign", "c9"),)}
+    assert again.inspect_request("r")["user_properties"] == (("campaign", "c9"),)  # fanout inspect request
+    assert again.inspect_data("d1")["content_type"] is None
+    online(again, ["A"])
+    again.apply_events("n0", [HeartbeatEvent.build("A", 10)])  # connecting alone sends nothing
+    settle(again, 200)
+    sends, _payloads, _kicks, props = again.take_node_batch("n0")
+    assert [s[3] for s in sends] == ["r"]
+    assert DeliveryProps(*props).user_properties == {"r": (("campaign", "c9"),)}

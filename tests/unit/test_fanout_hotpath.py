@@ -12,7 +12,7 @@ from fanout.mqtt.hooks import DeliverStatus
 from fanout.mqtt.packets import Connect, Subscribe
 from fanout.dispatcher.ingest_batch import merge_head_result, split_head
 from fanout.dispatcher.rows import TickRows
-from fanout.records import join_vins, pack_batch, split_vins, unpack_batch
+from fanout.records import IngestItem, join_vins, pack_batch, split_vins, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.keys import ids_key
 
@@ -69,12 +69,14 @@ def test_ack_rows_equals_ack(store):
 
 def test_split_head_keeps_every_vin_once_and_merges_results():
     vins = [f"V{i:03d}" for i in range(10)]
-    items = [("r1", "d1", join_vins(vins), 7, 60_000), ("r2", "d1", "X1", 8, 0)]
+    items = [IngestItem.build("r1", "d1", join_vins(vins), 7, 60_000, (("trace", "t1"),)),
+             IngestItem.build("r2", "d1", "X1", 8, 0)]
     assert split_head(items, 5) is None  # not much bigger than the head
     head, rest = split_head(items, 3)
     assert split_vins(head[0][2]) == vins[:3] and split_vins(rest[0][2]) == vins[3:]
     assert head[0][::3] == rest[0][::3] == ("r1", 7) and rest[1] == items[1]
     assert head[0][4] == rest[0][4] == 60_000  # the ttl goes with both parts
+    assert head[0][5] == rest[0][5] == (("trace", "t1"),)  # and the trigger's User Properties
     assert merge_head_result({"vins": 3}, {"vins": 7}) == {"vins": 10}
     assert merge_head_result("unknown data_id", "unknown data_id") == "unknown data_id"
 

@@ -67,6 +67,6 @@ def test_across_nodes_the_connect_reported_last_takes_over_and_the_other_is_kick
     core.apply_events("A", [ConnectEvent.build("V1", a, False, False, None)])
     core.apply_events("B", [ConnectEvent.build("V1", b, False, False, None)])
     assert core.vd.vehicle("V1").node == "B"
-    assert core.take_node_batch("A") == ([], {}, [("V1", a)])
+    assert core.take_node_batch("A") == ([], {}, [("V1", a)], None)
     core.apply_events("A", [DisconnectEvent.build("V1", a)])  # the kicked connection's disconnect is stale
     assert core.vd.vehicle("V1").node == "B"

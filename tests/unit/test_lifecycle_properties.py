@@ -65,7 +65,7 @@ class Run:
             core.store.apply(taken[0])
             core.deletes_applied(taken[1])
         for node in core.nodes_with_output():
-            sends, _payloads, _kicks = core.take_node_batch(node)
+            sends, _payloads, _kicks, _props = core.take_node_batch(node)
             for vin, gen, key, request_id, _data_id, _dup in sends:
                 assert request_id not in self.cancelled, (request_id, "sent after its cancel")
                 assert self.now < self.expires.get(request_id, 1 << 62), (request_id, "sent after its expiry")

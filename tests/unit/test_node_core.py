@@ -111,8 +111,8 @@ def dispatcher_round(cores: list, now: int, edge_of: Callable[[str], NodeCore]) 
     for core in cores:
         core.drain(now)
         for node_id in core.nodes_with_output():
-            sends, payloads, kicks = core.take_node_batch(node_id)
-            core.delivery_failures(node_id, edge_of(node_id).apply_deliveries(sends, payloads, kicks))
+            sends, payloads, kicks, props = core.take_node_batch(node_id)
+            core.delivery_failures(node_id, edge_of(node_id).apply_deliveries(sends, payloads, kicks, props))
             moved = True
         taken = core.take_deletes(now)
         if taken:
@@ -443,12 +443,12 @@ def test_registry_kicks_the_connection_reported_earlier_on_another_node(tmp_path
         core = DispatcherCore(store, 0, 1)
         core.apply_events("A", [ConnectEvent.build("V1", a, False, False, None)])
         core.apply_events("B", [ConnectEvent.build("V1", b, False, False, None)])
-        assert core.take_node_batch("A") == ([], {}, [("V1", a)])
+        assert core.take_node_batch("A") == ([], {}, [("V1", a)], None)
         assert core.vd.vehicle("V1").node == "B"
         # across nodes the generations carry no order (fanout.generations): the later report wins, even
         # when it is a delayed report of an older connection (its client reconnects once more)
         core.apply_events("C", [ConnectEvent.build("V1", c, False, False, None)])
-        assert core.take_node_batch("B") == ([], {}, [("V1", b)])
+        assert core.take_node_batch("B") == ([], {}, [("V1", b)], None)
         assert core.vd.vehicle("V1").node == "C"
         core.apply_events("A", [DisconnectEvent.build("V1", a)])
         assert core.vd.vehicle("V1").node == "C"

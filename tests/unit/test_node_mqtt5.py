@@ -20,7 +20,7 @@ from fanout.mqtt.reason_codes import ReasonCode as RC
 from fanout.records import IngestItem, pack_batch, unpack_batch
 from storage import ShardStore
 
-from .test_node_core import Client, Cluster, FakeLink, trigger
+from .test_node_core import Client, Cluster, FakeLink, trigger, vehicle
 
 
 class Client5(Client):
@@ -287,3 +287,154 @@ async def test_a_blob_over_the_vehicles_maximum_packet_size_is_discarded_and_the
     assert (status["pending"], status["discarded"]) == (0, 1), status
     assert cluster.pending() == 0
     assert cluster.broker.state.too_large_dropped == 1
+
+
+# -- fanout deliveries carry the request's MQTT 5 properties -----------------------------------------------------
+
+def test_batch_props_move_the_deadline_to_the_broker_clock_and_build_each_pair_once():
+    from fanout.node.delivery_props import BatchProps
+    from fanout.records import DeliveryProps
+    props = BatchProps(DeliveryProps.build({"r1": 1_012_500}, {}, {}), wall_now_ms=1_000_000, broker_now_ms=500)
+    got = props.of("r1", "d1")
+    assert got.expires_ms == 500 + 12_500 and got.remaining_s(500) == 13  # rounded up
+    assert got.props is EMPTY_PROPERTIES and got.body == b""
+    assert props.of("r1", "d1") is got  # one MsgProps for every delivery of the pair
+    assert props.of("r2", "d1") is None  # a request without a ttl in the same batch
+
+
+@pytest.mark.parametrize("ttl, interval, expected_s", [(None, 30, 30), ("20s", None, 20), (None, None, None)])
+async def test_a_delivery_to_an_mqtt5_vehicle_carries_the_remaining_expiry_interval(cluster, ttl, interval, expected_s):
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    old = vehicle(cluster, "V2")  # MQTT 3.1.1: the same message without properties
+    await cluster.pump()
+    body = {"ids": ["V1", "V2"], "request_id": "r1", "data_id": "d1"}
+    if ttl is not None:
+        body["ttl"] = ttl
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", json.dumps(body).encode(), 1, False, False, 2, expiry(interval)))
+    await cluster.pump()
+    (msg,) = car.publishes5()
+    assert (msg.topic, msg.payload) == ("agent/V1/proxy/request/r1", b"BLOB")
+    got = msg.properties.message_expiry_interval
+    if expected_s is None:
+        assert got is None
+    else:
+        assert expected_s - 1 <= got <= expected_s  # what is left of the ttl, rounded up
+    assert [(m.topic, m.payload) for m in old.publishes()] == [("agent/V2/proxy/request/r1", b"BLOB")]
+
+
+async def test_a_fanout_message_that_expires_in_the_vehicles_queue_is_not_sent_and_its_row_expires(cluster):
+    """The broker holds the deadline: a message queued behind the vehicle's window is dropped once its request's
+    ttl has run out, and the dispatcher then settles the row as expired."""
+    car = Client5(cluster, "V1", receive_maximum=1)
+    car.subscribe5("agent/V1/#")
+    await cluster.pump()
+    cluster.broker.deliver("V1", "agent/V1/other", b"x", 1, None)  # fills the vehicle's window of 1
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 2, expiry(5)))
+    await cluster.pump()
+    car.send(Publish5("ecp/V1/online", b"", 0))
+    await cluster.pump()
+    (first,) = car.publishes5()
+    assert first.topic == "agent/V1/other"  # the fanout message waits in the session's queue
+    (item,) = cluster.link.items
+    cluster.now = cluster.broker.state.now + 6_000  # past the ttl on the broker's clock
+    car.send(Puback5(first.packet_id, 0))  # the window opens: the queued message has expired meanwhile
+    await cluster.pump()
+    assert car.publishes5() == [] and cluster.broker.state.expired_dropped == 1
+    car.send(Publish5("ecp/V1/heartbeat", b"", 0))  # the row is picked again: past its ttl at the dispatcher too
+    cluster.now = item.ts_ms + 6_000
+    await cluster.pump()
+    assert car.publishes5() == []
+    status = cluster.cores[cluster.link.shards_of[0]].lifecycle.status("r1", [])
+    assert (status["pending"], status["expired"]) == (0, 1), status
+
+
+USERS = (("trace", "t-1"), ("campaign", "c9"), ("trace", "t-2"))  # in order, a name may repeat
+
+
+async def publish_with_props(cluster: Cluster, p: Client5, request_id: str = "r1", vins=("V1", "V2"), pid: int = 1,
+                             users=USERS, content_type: str | None = "application/octet-stream",
+                             interval: int | None = 60) -> list:
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, pid, Properties(content_type=content_type)),
+           Publish5("$SDV-FANOUT/trigger", trigger(list(vins), request_id), 1, False, False, pid + 1,
+                    Properties(user_properties=users, message_expiry_interval=interval)))
+    await cluster.pump()
+    return p.acks5()
+
+
+async def test_deliveries_carry_the_triggers_user_properties_and_the_blobs_content_type(cluster):
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    old = vehicle(cluster, "V2")
+    await cluster.pump()
+    assert await publish_with_props(cluster, platform5(cluster)) == [(1, 0, None), (2, 0, None)]
+    (msg,) = car.publishes5()
+    assert (msg.topic, msg.payload) == ("agent/V1/proxy/request/r1", b"BLOB")
+    props = msg.properties
+    assert (props.user_properties, props.content_type) == (USERS, "application/octet-stream")
+    assert 59 <= props.message_expiry_interval <= 60
+    assert [m.payload for m in old.publishes()] == [b"BLOB"]  # 3.1.1: the same message without properties
+    # a request without properties in the same vehicle's queue: a plain MQTT 5 delivery
+    car.send(Puback5(msg.packet_id, 0))
+    p = platform5(cluster, "platform-b")
+    p.send(Publish5("$SDV-FANOUT/data/d2", b"TWO", 1, False, False, 1),
+           Publish5("$SDV-FANOUT/trigger", trigger(["V1"], "r2", "d2"), 1, False, False, 2))
+    await cluster.pump()
+    (plain,) = car.publishes5()
+    assert plain.payload == b"TWO" and plain.properties == EMPTY_PROPERTIES
+
+
+async def test_a_blob_published_again_takes_the_content_type_of_its_latest_publish(cluster):
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    await cluster.pump()
+    p = platform5(cluster)
+    await publish_with_props(cluster, p, users=(), content_type="text/plain", interval=None)
+    (first,) = car.publishes5()
+    assert first.properties.content_type == "text/plain"
+    car.send(Puback5(first.packet_id, 0))
+    await publish_with_props(cluster, p, "r2", pid=3, users=(), content_type=None, interval=None)  # same blob, no type
+    (second,) = car.publishes5()
+    assert second.properties == EMPTY_PROPERTIES
+
+
+@pytest.mark.parametrize("users, reason", [
+    (tuple(("k", str(i)) for i in range(33)), "33 user properties, at most 32"),
+    ((("big", "v" * 4094),), "4097 bytes of user properties, at most 4096"),
+])
+async def test_user_properties_over_the_bounds_are_refused_with_0x97_and_write_nothing(cluster, users, reason):
+    p = platform5(cluster)
+    p.send(Publish5("$SDV-FANOUT/data/d1", b"BLOB", 1, False, False, 1))
+    await cluster.pump()
+    seq = [s.applied_seq for s in cluster.stores]
+    p.send(Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 2, Properties(user_properties=users)))
+    await cluster.pump()
+    (_blob, (pid, code, text)) = p.acks5()
+    assert (pid, code) == (2, RC.QUOTA_EXCEEDED)
+    assert text == f"invalid_trigger: user_properties: {reason}"
+    assert [s.applied_seq for s in cluster.stores] == seq and not p.closed
+    at_bound = users[:32] if len(users) > 32 else (("big", "v" * 4093),)
+    p.send(Publish5("$SDV-FANOUT/trigger", trigger(["V1"]), 1, False, False, 3, Properties(user_properties=at_bound)))
+    await cluster.pump()
+    assert p.acks5() == [(3, 0, None)]
+
+
+async def test_a_restarted_dispatcher_still_sends_the_properties_from_its_store(cluster):
+    """The properties are durable: a dispatcher started afresh on the same store (a restart, a promoted replica)
+    reads them from the ``reqprops``/``blobprops`` tables, not from anything the ingest left in memory."""
+    assert [c for _p, c, _r in await publish_with_props(cluster, platform5(cluster), vins=("V1",))] == [0, 0]
+    shard = cluster.link.shards_of[0]
+    cluster.cores[shard] = DispatcherCore(cluster.stores[shard], shard, 2, started_ms=0)
+    cluster.link.cores = cluster.cores
+    assert cluster.cores[shard].lifecycle.user_properties == {"r1": USERS}
+    car = Client5(cluster, "V1")
+    car.subscribe5("agent/V1/proxy/request/+")
+    car.send(Publish5("ecp/V1/online", b"", 0))
+    await cluster.pump()
+    (msg,) = car.publishes5()
+    assert (msg.properties.user_properties, msg.properties.content_type) == (USERS, "application/octet-stream")
+    assert 59 <= msg.properties.message_expiry_interval <= 60

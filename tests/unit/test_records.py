@@ -22,7 +22,7 @@ from fanout.mqtt.packets import Connect, Puback, Publish, Subscribe, Unsubscribe
 from fanout.mqtt.properties import Properties
 from fanout.node.core import NodeCore
 from fanout.records import (
-    EVENT_RECORDS, WIRE_RECORDS, AckEvent, BlobItem, ConnectEvent, Delivery, DeliveryFailure, DeliverBatch,
+    EVENT_RECORDS, WIRE_RECORDS, AckEvent, BlobItem, ConnectEvent, Delivery, DeliveryFailure, DeliveryProps, DeliverBatch,
     DisconnectEvent, FailedEvent, Forward, HeartbeatEvent, IngestItem, Kick, SubscribedEvent, SyncEvent,
     pack_batch, read_event, unpack_batch,
 )
@@ -32,6 +32,8 @@ SAMPLES = {"client_id": "V1", "vin": "V1", "generation": 7, "session_present": T
            "inflight_key": b"V1\x00k", "row_key": b"V1\x00k", "at_us": 12, "request_id": "r1", "data_id": "d1",
            "dup": True, "too_large": True, "status": 3, "blob": b"B", "ts_ms": 5, "joined_vins": "V1\nV2", "ttl_ms": 3000, "topic": "t",
            "payload": b"p", "qos": 1, "retain": False, "deliveries": [], "payloads": {}, "kicks": [],
+           "expires": {"r1": 9000}, "user_properties": {"r1": (("trace", "t1"),)}, "content_types": {"d1": "text/plain"},
+           "content_type": "text/plain", "props": ({"r1": 9000}, {}, {}),
            "properties": Properties(content_type="text/plain", user_properties=(("trace", "t1"),)),
            "groups": ("$share/g/jobs/+",), "plain": False}
 
@@ -108,9 +110,10 @@ def test_every_node_event_is_a_record_the_dispatcher_core_consumes(pair):
     assert kinds == [ConnectEvent, SubscribedEvent, HeartbeatEvent]
     gen = node.generation_of("V1")
     core.drain(10)
-    sends, payloads, kicks = core.take_node_batch("n0")
+    sends, payloads, kicks, props = core.take_node_batch("n0")
+    assert props is None  # no request with a ttl or properties
     assert [Delivery(*s) for s in sends] == [Delivery("V1", gen, sends[0][2], "r1", "d1", False)]
-    failures = node.apply_deliveries(*roundtrip(DeliverBatch.build(sends, payloads, kicks)))
+    failures = node.apply_deliveries(*roundtrip(DeliverBatch.build(sends, payloads, kicks, props)))
     assert failures == []
     flush(broker)
     pid = next(p.packet_id for p in car.inbox if isinstance(p, Publish))
@@ -157,7 +160,7 @@ def test_deliveries_failures_and_kicks_round_trip_between_the_cores(pair):
     ship_events(node, core)
     core.apply_events("other", [ConnectEvent.build("V2", node.generation_of("V2") + 1, False, False, None)])
     core.drain(10)
-    sends, payloads, kicks = roundtrip(DeliverBatch.build(*core.take_node_batch("n0")))
+    sends, payloads, kicks, _props = roundtrip(core.take_node_batch("n0"))
     assert [Kick(*k) for k in kicks] == [Kick("V2", node.generation_of("V2"))]
     assert payloads == {"d1": b"BLOB"} and [s[0] for s in sends] == ["V1"]
     stale = Delivery.build("V1", 1, b"V1\x00old", "r0", "d1", False)
@@ -174,7 +177,7 @@ def test_call_failed_reads_the_deliveries_of_the_failed_call(pair):
     car.send(Subscribe(1, (("agent/V1/proxy/request/+", 1),)), Publish("ecp/V1/online", b"", 0, False, False, None))
     ship_events(node, core)
     core.drain(10)
-    sends, _payloads, _kicks = core.take_node_batch("n0")
+    sends, _payloads, _kicks, _props = core.take_node_batch("n0")
     assert core.vd.vehicle("V1").inflight is not None
     core.call_failed("n0", roundtrip(sends))
     assert core.vd.vehicle("V1").inflight is None  # the row stays pending, the next trigger resends it
@@ -240,3 +243,28 @@ def test_forwards_from_the_route_table_are_what_the_peer_node_core_delivers(pair
     assert node.apply_forwards([fw]) == 1
     flush(broker)
     assert [p.topic for p in sub.inbox if isinstance(p, Publish)] == ["sensors/t"]
+
+
+def test_delivery_props_built_by_the_dispatcher_core_are_read_by_the_node(pair):
+    """The fourth field of a DeliverBatch: the dispatcher core names each request's ttl deadline and User
+    Properties and each blob's Content Type once; the node core reads them (BatchProps) after pack_batch."""
+    from fanout.node.delivery_props import BatchProps
+    node, core, broker = pair
+    core.store.apply(core.blob_batch([BlobItem.build("d1", b"BLOB", 1, "text/plain")]))
+    core.blobs_stored([BlobItem.build("d1", b"BLOB", 1, "text/plain")])
+    users = (("trace", "t-1"), ("campaign", "c9"))
+    now_ms = 10**12  # the node's test clock
+    batch, _results, _vins = core.ingest_batch([IngestItem.build("r1", "d1", "V1", now_ms, 60_000, users)])
+    core.store.apply(batch)
+    car = Peer(broker, "V1")
+    car.send(Subscribe(1, (("agent/V1/proxy/request/+", 1),)), Publish("ecp/V1/online", b"", 0, False, False, None))
+    ship_events(node, core)
+    core.drain(10)
+    wire = roundtrip(core.take_node_batch("n0"))
+    read = DeliverBatch(*wire)
+    assert DeliveryProps(*read.props) == DeliveryProps({"r1": now_ms + 60_000}, {"r1": users}, {"d1": "text/plain"})
+    msg = BatchProps(read.props, wall_now_ms=now_ms, broker_now_ms=1).of("r1", "d1")
+    assert (msg.props.user_properties, msg.props.content_type, msg.expires_ms) == (users, "text/plain", 60_001)
+    assert node.apply_deliveries(*wire) == []
+    flush(broker)
+    assert [p.payload for p in car.inbox if isinstance(p, Publish)] == [b"BLOB"]  # 3.1.1: the payload only
