@@ -1,3 +1,4 @@
+# Over 500 lines: the node's one hook object on the per-delivery path (broker events, deliveries, forwards, ingest, kicks); its policies live in the sibling modules.
 """NodeCore: the Ray-free fanout logic of one connection node, plugged into the broker core as its hooks.
 
 Strategy: the broker core (:mod:`fanout.mqtt`) stays a plain MQTT broker; this class turns its event
