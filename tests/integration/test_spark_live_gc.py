@@ -9,7 +9,7 @@ import time
 
 import ray
 
-from fanout.records import join_vins
+from fanout.records import BlobItem, IngestItem, join_vins
 from storage import WriteBatch, shard_of
 from storage.jobs.cycle import run_gc_cycle
 
@@ -32,11 +32,11 @@ def test_gc_through_the_live_cluster_keeps_young_pending_rows_and_removes_old_on
         old_ts = int(time.time() * 1000) - 30 * DAY  # a request queued a month ago, before the retention
         for k, d in enumerate(dispatchers):
             mine = [v for v in OLD_VINS if shard_of(v, shards) == k]
-            ray.get(d.put_blobs.remote([("d-old", b"OLD", old_ts)]))
-            assert ray.get(d.ingest.remote([("old-req", "d-old", join_vins(mine), old_ts, 0)])) == [{"vins": len(mine)}]
+            ray.get(d.put_blobs.remote([BlobItem.build("d-old", b"OLD", old_ts)]))
+            assert ray.get(d.ingest.remote([IngestItem.build("old-req", "d-old", join_vins(mine), old_ts)])) == [{"vins": len(mine)}]
             gone = [v for v in GONE_VINS if shard_of(v, shards) == k]
-            ray.get(d.put_blobs.remote([("d-gone", b"GONE", old_ts + 29 * DAY)]))
-            assert ray.get(d.ingest.remote([("gone-req", "d-gone", join_vins(gone), old_ts + 29 * DAY, 0)])) == [
+            ray.get(d.put_blobs.remote([BlobItem.build("d-gone", b"GONE", old_ts + 29 * DAY)]))
+            assert ray.get(d.ingest.remote([IngestItem.build("gone-req", "d-gone", join_vins(gone), old_ts + 29 * DAY)])) == [
                 {"vins": len(gone)}]
             ray.get(d.apply_batch.remote(WriteBatch().delete_blob("d-gone").to_bytes()))
         assert sum(cluster.inspect("vin", v)["pending_rows"] for v in YOUNG_VINS + OLD_VINS + GONE_VINS) == 16
