@@ -120,8 +120,8 @@ class Delivery:
                               retained_bytes=self._st.retained.bytes)
 
     def may_read(self, s: Session, topic: str) -> bool:
-        """The ACL at delivery for one session (shared group members are picked one message at a time);
-        a refusal is counted as a denied delivery."""
+        """The ACL at delivery for one session (routed recipients in :meth:`match`, shared group members one
+        message at a time); a refusal is counted as a denied delivery."""
         can_read = self._can_read
         if can_read is None or s.principal is None or can_read(s.principal, topic):
             return True
@@ -133,20 +133,12 @@ class Delivery:
         whose principal may read ``topic`` (ACL at delivery, paid once per topic while it stays cached)."""
         st = self._st
         subs = st.trie.match(topic)
-        can_read = self._can_read
-        if can_read is not None and subs:
+        if self._can_read is not None and subs:
             sessions = st.sessions
-            denied = None
-            for cid in subs:
-                s = sessions.get(cid)
-                if s is not None and s.principal is not None and not can_read(s.principal, topic):
-                    if denied is None:
-                        denied = []
-                    denied.append(cid)
-            if denied:
-                st.deliveries_denied += len(denied)
-                for cid in denied:
-                    del subs[cid]
+            may_read = self.may_read
+            denied = [cid for cid in subs if (s := sessions.get(cid)) is not None and not may_read(s, topic)]
+            for cid in denied:
+                del subs[cid]
         cache = st.match_cache
         if len(cache) >= MATCH_CACHE_SIZE:
             cache.clear()
