@@ -53,6 +53,7 @@ from .harness.cluster import BENCH_CONFIG, EmbeddedCluster, cpu_delta, filesyste
 from .harness.peers import INFLIGHT_WINDOW, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
 from .harness.processes import FD_MARGIN, raise_nofile_limit, storm_size
+from .harness.profiles import start_profiles
 from .harness.report import at_least, at_most, attempt, get, median_run, ratio
 from .harness.results import bench_parser, load_avg, log, result_name, run_header, save_result
 from .scenarios.senders import NAIVE_WINDOW, PlatformSender
@@ -66,6 +67,11 @@ VIN_PREFIX, VIN_DIGITS = "WVW", 14
 FANOUT_START, HB_START, STORM_START = 1, 1_000_001, 2_000_001
 STALL_S = 30.0
 POLL_S = 0.05
+PROFILE_RATE = 250  # py-spy samples per second with --profile
+# --profile DIR: py-spy (raw collapsed stacks, every Python thread, not only the GIL holder) on the
+# ConnectionNode, every Dispatcher and every StoreReplica of the cluster during its fanout phase and its
+# connection storm, with each process's CPU seconds over the same window (docs/profile.md reads these).
+PROFILE: dict[str, Any] = {"dir": None, "seconds": {"fanout": 8.0, "connection_storm": 12.0}}
 
 # Per system, flat (the run.py summary prints these rows).
 FIGURES: tuple[str, ...] = (
@@ -173,6 +179,69 @@ def _fleet_spec(target: Any, s: Sizes, vehicles: int, start: int, **kw: Any) -> 
 # phases
 
 
+def _profiled_pids(target: Any) -> dict[str, int]:
+    """``{label: pid}`` of the cluster processes a profile covers: node, dispatchers, replicas."""
+    import psutil
+
+    target.refresh_pids()
+    out = {f"node_{i}": p for i, p in enumerate(target.pids("node"))}
+    out.update({f"dispatcher_{i}": p for i, p in enumerate(target.pids("dispatcher"))})
+    for pid in target.pids("ray_other"):
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).cmdline()[0].startswith("ray::StoreReplica"):
+                out[f"replica_{sum(k.startswith('replica') for k in out)}"] = pid
+    return out
+
+
+def _start_profile(target: Any, phase: str) -> Any:
+    """Start py-spy on the cluster for ``PROFILE['seconds'][phase]`` when ``--profile`` asked for it."""
+    if PROFILE["dir"] is None or not isinstance(target, EmbeddedCluster):
+        return None
+    pids = _profiled_pids(target)
+    seconds = PROFILE["seconds"][phase]
+    folder = Path(PROFILE["dir"]) / phase
+    started = start_profiles(pids, seconds, folder, rate=PROFILE_RATE)
+    cpu0 = {k: _thread_cpu(p) for k, p in pids.items()}
+    return pids, seconds, folder, started, cpu0, time.monotonic()
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each thread of ``pid``, as ``"<tid> <name>"`` (Ray's C++ threads have names)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[f"{task.name} {name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+async def _connects_after(fleet: FleetProcess, seconds: float) -> int:
+    """Connects the fleet made within the first ``seconds`` (the profile window of a storm)."""
+    await asyncio.sleep(seconds)
+    return int((await asyncio.to_thread(fleet.snapshot))["connects"])
+
+
+def _finish_profile(handle: Any, count: int) -> None:
+    """Wait for the profilers; write ``meta.json`` (pids, CPU seconds per process, events counted)."""
+    if handle is None:
+        return
+    import json
+
+    pids, seconds, folder, started, cpu0, t0 = handle
+    for _, proc, _ in started:
+        proc.communicate(timeout=seconds + 60)
+    cpu1 = {k: _thread_cpu(p) for k, p in pids.items()}
+    threads = {k: {t: round(c - cpu0[k].get(t, 0.0), 3) for t, c in cpu1[k].items() if c - cpu0[k].get(t, 0.0) > 0}
+               for k in pids}
+    meta = {"pids": pids, "seconds": seconds, "rate_hz": PROFILE_RATE, "count": count,
+            "wall_s": round(time.monotonic() - t0, 3), "cpu_s": {k: round(sum(v.values()), 4) for k, v in threads.items()},
+            "thread_cpu_s": threads, "load": load_avg()}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
 async def idle_phase(target: Any, seconds: float) -> dict[str, Any]:
     c0, _ = server_cpu(target)
     t0 = time.monotonic()
@@ -205,12 +274,17 @@ async def _deliveries(target: Any, fleet: FleetProcess, s: Sizes, vehicles: int,
                       label: str, idle_per_s: float) -> dict[str, Any]:
     """Send R requests to the fleet's vehicles and wait for every delivery; server CPU over that window."""
     snap = await asyncio.to_thread(fleet.snapshot)
+    prof = _start_profile(target, "fanout") if label.endswith("fan1") else None
     c0, r0 = server_cpu(target)
     t0 = time.monotonic()
     sent = await _send(target, s, vehicles, start, requests, label)
     expected = int(snap["unique"]) + sent["sent"]
     status = await _wait_unique(fleet, expected, max(1.0, s.cap_s - (time.monotonic() - t0)))
     c1, r1 = server_cpu(target)
+    if prof is not None:  # deliveries inside the profile window, from the fleet's progress
+        await asyncio.sleep(max(0.0, prof[1] - (time.monotonic() - prof[5])))
+        got = int(fleet.progress["unique"] if fleet.progress else 0) - int(snap["unique"])
+        _finish_profile(prof, got)
     dt = time.monotonic() - t0
     out = {"expected_deliveries": sent["sent"], "wait_status": status, "window_s": _r(dt, 3),
            "server_cpu_s": _r(c1 - c0, 3), **{k: v for k, v in sent.items() if k != "sent"}}
@@ -285,15 +359,19 @@ async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, 
     out: dict[str, Any] = {"vehicles": n, "requested_vehicles": s.storm_vehicles, "concurrency": s.storm_concurrency,
                            "load_before": load_avg()}
     spec = _fleet_spec(target, s, n, STORM_START, connect_timeout_s=60.0)
+    prof = _start_profile(target, "connection_storm")
     c0, r0 = server_cpu(target)
     t0 = time.monotonic()
     with FleetProcess(spec) as fleet:
+        counted = asyncio.create_task(_connects_after(fleet, prof[1])) if prof is not None else None
         await asyncio.to_thread(fleet.wait_ready, s.connect_cap_s)
         c_ready, _ = server_cpu(target)
         t_ready = time.monotonic()
         await asyncio.sleep(s.storm_settle_s)  # the server finishes what the connects started (online events)
         c1, r1 = server_cpu(target)
         t1 = time.monotonic()
+        if counted is not None:
+            _finish_profile(prof, await counted)
         fleet.stop()
         res = await asyncio.to_thread(fleet.result, 60.0)
     connects = res["connects"]
@@ -552,7 +630,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="fanout requests")
     parser.add_argument("--repeats", type=int, default=None, help="fanout runs per system (median reported)")
     parser.add_argument("--storm-concurrency", type=int, default=None, help="handshakes in flight in the storm")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="py-spy the cluster's node, dispatchers and replicas in the fanout and storm phases; "
+                             "raw stacks + meta.json per phase under DIR (see docs/profile.md)")
     args = parser.parse_args(argv)
+    PROFILE["dir"] = args.profile
     s = QUICK if args.quick else FULL
     changes = {k: v for k, v in (("vehicles", args.vehicles), ("hb_vehicles", args.vehicles), ("requests", args.requests),
                                  ("fanout_repeats", args.repeats), ("storm_concurrency", args.storm_concurrency))
