@@ -71,7 +71,7 @@ PROFILE_RATE = 250  # py-spy samples per second with --profile
 # --profile DIR: py-spy (raw collapsed stacks, every Python thread, not only the GIL holder) on the
 # ConnectionNode, every Dispatcher and every StoreReplica of the cluster during its fanout phase and its
 # connection storm, with each process's CPU seconds over the same window (docs/profile.md reads these).
-PROFILE: dict[str, Any] = {"dir": None, "seconds": {"fanout": 8.0, "connection_storm": 12.0}}
+PROFILE: dict[str, Any] = {"dir": None, "seconds": {"fanout": 8.0, "connection_storm": 12.0, "heartbeat_storm": 8.0}}
 
 # Per system, flat (the run.py summary prints these rows).
 FIGURES: tuple[str, ...] = (
@@ -338,10 +338,13 @@ async def heartbeat_phase(target: Any, s: Sizes, *, label: str, idle_per_s: floa
         await asyncio.to_thread(fleet.wait_ready, s.connect_cap_s)
         await asyncio.sleep(min(interval, 5.0) + 1.0)  # every vehicle is in its heartbeat cycle
         a = await asyncio.to_thread(fleet.snapshot)
+        prof = _start_profile(target, "heartbeat_storm")
         c0, r0 = server_cpu(target)
         await asyncio.sleep(s.hb_window_s)
         c1, r1 = server_cpu(target)
         b = await asyncio.to_thread(fleet.snapshot)
+        if prof is not None:  # heartbeats inside the profile window (shorter than the measuring window)
+            _finish_profile(prof, int((b["heartbeats"] - a["heartbeats"]) * min(1.0, prof[1] / (b.at - a.at))))
         dt, hb = b.at - a.at, int(b["heartbeats"] - a["heartbeats"])
         out.update({"heartbeats_per_s": _r(hb / dt, 1), "heartbeat_window_s": _r(dt, 3),
                     "server_cpu_heartbeat_window_s": _r(c1 - c0, 3),

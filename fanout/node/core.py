@@ -113,6 +113,7 @@ class NodeCore(BrokerHooks):
         self._pending_shards: set[int] = set()
         # A queued event other than a PUBACK or heartbeat (those are the bulk, and wait for a fuller batch).
         self.urgent_events = False
+        self.acks_queued = False  # a PUBACK (not only heartbeats) waits: the shorter bulk wait applies
         self.batching = EventBatching()
         self._tickets: list[IngestTicket] = []
         self.delivered = 0
@@ -167,6 +168,7 @@ class NodeCore(BrokerHooks):
                     out[sh].append(ack(e.client_id, entry[1], e.tag))
                     pending.add(sh)
                     self.delivered += 1
+                    self.acks_queued = True
             elif t is Heartbeat:
                 self._heartbeat(e)
             elif t is LocalPublish:
@@ -298,7 +300,7 @@ class NodeCore(BrokerHooks):
         """
         if not self._pending_shards:
             return None
-        return self.batching.wait(now_s, self.urgent_events, self.pending_events)
+        return self.batching.wait(now_s, self.urgent_events, self.pending_events, not self.acks_queued)
 
     def take_events(self, busy: set[int] | frozenset[int] = frozenset(),
                     now_s: float | None = None) -> dict[int, list[tuple]]:
@@ -321,6 +323,7 @@ class NodeCore(BrokerHooks):
             self._pending_shards.discard(shard)
         if not self._pending_shards:
             self.urgent_events = False
+            self.acks_queued = False
         self.batching.shipped(now_s, bool(self._pending_shards))
         return taken
 
@@ -343,6 +346,7 @@ class NodeCore(BrokerHooks):
         self._out[shard][:0] = sync
         if self._out[shard]:
             self._pending_shards.add(shard)
+            self.urgent_events = self.urgent_events or bool(sync)  # presence: not behind the heartbeat wait
         return sync
 
     # -- deliveries and kicks from dispatchers ---------------------------------------------------------------
