@@ -50,17 +50,6 @@ def test_events_left_for_a_busy_dispatcher_are_due_when_the_call_returned_late()
     assert b.wait(1.006, True, lambda: 1) == 0.0  # its call took longer than the presence wait
 
 
-def test_heartbeats_alone_wait_longer_than_acks():
-    b = EventBatching(batch=3, max_wait_s=0.010, presence_wait_s=0.005, heartbeat_wait_s=0.050)
-    assert abs(b.wait(1.000, False, lambda: 1, heartbeats_only=True) - 0.050) < 1e-9
-    assert abs(b.wait(1.020, False, lambda: 2, heartbeats_only=True) - 0.030) < 1e-9
-    assert b.wait(1.020, False, lambda: 2, heartbeats_only=False) == 0.0  # an ack came: the 10 ms wait applies
-    b.shipped(1.020, remaining=False)
-    assert b.wait(2.0, False, lambda: 3, heartbeats_only=True) == 0.0  # a full batch ships at once
-    assert abs(b.wait(2.0, True, lambda: 1, heartbeats_only=True) - 0.005) < 1e-9  # presence wins
-    assert EventBatching(max_wait_s=0.020, heartbeat_wait_s=0.001).heartbeat_wait_s == 0.020  # never shorter
-
-
 def test_events_left_for_a_busy_dispatcher_wait_from_the_shipping_time():
     b = EventBatching(batch=3, max_wait_s=0.010)
     b.wait(1.0, False, lambda: 1)
