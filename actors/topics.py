@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import structlog
 
-from fanout.topics.records import ReadRequest
+from fanout.topics.records import ReadRequest, by_shard, in_order
 from fanout.topics.summary import merge_info, summarize
 
 log = structlog.get_logger(__name__)
@@ -109,31 +109,18 @@ class TopicDesk:
 
     async def read(self, requests: list[tuple]) -> list[tuple]:
         """:class:`fanout.topics.records.ReadRequest` tuples -> one ``ReadResult`` each, in order."""
-        from storage.topics import shard_of_partition
-
-        shards = len(self._all())
-        per: dict[int, list[int]] = {}
-        for i, r in enumerate(requests):
-            per.setdefault(shard_of_partition(ReadRequest(*r).partition, shards), []).append(i)
-        order = list(per)
-        answers = await asyncio.gather(*(asyncio.wait_for(self._all()[s].topic_read.remote(
-            [requests[i] for i in per[s]]), CALL_TIMEOUT_S) for s in order))
-        out: list[Any] = [None] * len(requests)
-        for s, results in zip(order, answers):
-            for i, result in zip(per[s], results):
-                out[i] = result
-        return out
+        ds = self._all()
+        per = by_shard((ReadRequest(*r).partition for r in requests), len(ds))
+        answers = await asyncio.gather(*(asyncio.wait_for(ds[s].topic_read.remote([requests[i] for i in idx]),
+                                                          CALL_TIMEOUT_S) for s, idx in per.items()))
+        return in_order(per, answers, len(requests))
 
     async def commit(self, items: list[tuple]) -> int:
         """:class:`fanout.topics.records.CommitItem` tuples, one WriteBatch per shard involved."""
-        from storage.topics import shard_of_partition
-
-        shards = len(self._all())
-        per: dict[int, list[tuple]] = {}
-        for item in items:
-            per.setdefault(shard_of_partition(item[2], shards), []).append(item)
-        done = await asyncio.gather(*(asyncio.wait_for(self._all()[s].topic_commit.remote(its), CALL_TIMEOUT_S)
-                                      for s, its in per.items()))
+        ds = self._all()
+        per = by_shard((i[2] for i in items), len(ds))
+        done = await asyncio.gather(*(asyncio.wait_for(ds[s].topic_commit.remote([items[i] for i in idx]),
+                                                       CALL_TIMEOUT_S) for s, idx in per.items()))
         return sum(done)
 
     async def sys_values(self) -> dict[str, Any]:

@@ -96,7 +96,8 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
         topic, group: what to read as whom (the group is created by its first commit).
         start: where a partition without a committed offset begins (:func:`start_offset`).
         limit: stop after this many entries (None: until caught up).
-        ack: commit each partition up to the last entry emitted, after each page.
+        ack: commit each partition up to the last entry emitted, after each page (with a source that has
+            ``commit_nowait``, the commit is written while the next page is read; all are done on return).
         page: most entries per partition per read call.
         emit: called per entry.
         progress: called ``(emitted, behind)`` every :data:`PROGRESS_INTERVAL_S` of a long read.
@@ -118,6 +119,8 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
     emitted = 0
     done_commits: dict[int, int] = {}
     last_progress = time.monotonic()
+    commit_nowait = getattr(source, "commit_nowait", None)  # a source that can commit while the next page is read
+    waiting: Callable[[], Any] | None = None
     while active and (limit is None or emitted < limit):
         want = page if limit is None else max(1, min(page, limit - emitted))
         results = source.read([ReadRequest.build(topic, p, positions[p], want) for p in active])
@@ -142,14 +145,20 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
                 still.append(p)
         if not commits:
             break  # nothing readable any more (every partition caught up, or pruned past its end)
-        if ack and commits:
-            source.commit(commits)
+        if ack:
+            if waiting is not None:
+                waiting()  # one commit in flight at most: it was written while this page was read
+            waiting = commit_nowait(commits) if commit_nowait is not None else None
+            if waiting is None:
+                source.commit(commits)
             done_commits.update({c[2]: c[3] for c in commits})
         active = still
         now = time.monotonic()
         if progress is not None and now - last_progress >= PROGRESS_INTERVAL_S:
             last_progress = now
             progress(emitted, sum(max(0, ends[p] - positions[p]) for p in positions))
+    if waiting is not None:
+        waiting()
     return ConsumeResult(emitted, done_commits, positions)
 
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from fanout.topics.log_calls import TopicCatalog
+from fanout.topics.records import by_shard, in_order
 from fanout.topics.summary import merge_info
 
 
@@ -50,22 +51,18 @@ class LocalLogSource:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _shard(self, partition: int) -> int:
-        return partition % len(self.catalogs)
-
     def info(self, names: list[str] | None = None) -> dict[str, Any]:
         return merge_info(cat.info(names) for cat in self.catalogs)
 
     def read(self, requests: list[tuple]) -> list[tuple]:
-        return [self.catalogs[self._shard(r[1])].read([r])[0] for r in requests]
+        per = by_shard((r[1] for r in requests), len(self.catalogs))
+        return in_order(per, (self.catalogs[s].read([requests[i] for i in idx]) for s, idx in per.items()),
+                        len(requests))
 
     def commit(self, items: list[tuple]) -> int:
-        per: dict[int, list[tuple]] = {}
-        for item in items:
-            per.setdefault(self._shard(item[2]), []).append(item)
         now = time.time_ns() // 1_000_000
-        for shard, its in per.items():
-            self.stores[shard].apply(self.catalogs[shard].commit_batch(its, now))
+        for shard, idx in by_shard((i[2] for i in items), len(self.catalogs)).items():
+            self.stores[shard].apply(self.catalogs[shard].commit_batch([items[i] for i in idx], now))
         return len(items)
 
 

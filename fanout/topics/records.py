@@ -95,6 +95,24 @@ class CommitItem(NamedTuple):
         return (topic, group, partition, offset)
 
 
+def by_shard(partitions: Any, shards: int) -> dict[int, list[int]]:
+    """``{shard: [indices]}`` of a batch's items, given each item's partition (partition ``p`` is in shard
+    ``p % shards``, :func:`storage.topics.shard_of_partition`): how a batched read or commit is split per shard."""
+    per: dict[int, list[int]] = {}
+    for i, p in enumerate(partitions):
+        per.setdefault(p % shards, []).append(i)
+    return per
+
+
+def in_order(per: dict[int, list[int]], answers: Any, n: int) -> list:
+    """The per-shard answers of a batch split by :func:`by_shard` put back in the batch's order."""
+    out: list = [None] * n
+    for indices, results in zip(per.values(), answers):
+        for i, r in zip(indices, results):
+            out[i] = r
+    return out
+
+
 def kept_properties(properties: Any) -> list | None:
     """The MQTT 5 properties of a PUBLISH worth keeping in the log as ``[[name, value], ...]`` (User Properties
     as one ``["user_property", [name, value]]`` pair each, in wire order); None for a 3.1.1 publish."""
@@ -108,4 +126,5 @@ def kept_properties(properties: Any) -> list | None:
     return out
 
 
-__all__ = ["AppendItem", "AppendResult", "ReadRequest", "ReadResult", "Entry", "CommitItem", "kept_properties"]
+__all__ = ["AppendItem", "AppendResult", "ReadRequest", "ReadResult", "Entry", "CommitItem", "kept_properties",
+           "by_shard", "in_order"]
