@@ -23,6 +23,7 @@ from typing import Any
 
 from fanout.mqtt.settings import ConfigError
 from fanout.mqtt.topics import InvalidTopic, validate_topic_filter
+from fanout.units import UnitError, parse_duration_ms, parse_size_bytes
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 RECEIPTS = "receipts"  # storage.topics.RECEIPTS (not imported here: the storage package costs ~0.2 s to import)
@@ -76,18 +77,21 @@ def check_partitions(n: Any) -> int:
     return n
 
 
-def retention_ms(value: Any) -> int:
-    """A topic's retention (a duration of at least 1 s) in ms, or ValueError saying why not."""
-    from fanout.config import _duration  # not at the top: fanout.config imports this module
+def _at_least(parse: Any, lo: int, shown: str) -> Any:
+    def check(value: Any) -> int:
+        try:
+            n = parse(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        if n < lo:
+            raise ValueError(f"must be at least {shown}, got {value!r}")
+        return n
 
-    return _duration(1000)(value)
+    return check
 
 
-def retention_bytes(value: Any) -> int:
-    """A topic's retention_bytes (a size of at least 1 KiB), or ValueError saying why not."""
-    from fanout.config import _size
-
-    return _size(1024)(value)
+retention_ms = _at_least(parse_duration_ms, 1000, "1s")
+retention_bytes = _at_least(parse_size_bytes, 1024, "1KiB")
 
 
 def make_spec(name: Any, topic_filter: Any, partitions: Any = 0, retention: Any = DEFAULT_RETENTION,
