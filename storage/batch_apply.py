@@ -401,6 +401,7 @@ def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
 
 def _topic_op(handler: Callable[[lmdb.Transaction, Any, Any, Counts, TopicTally], None]) -> Callable[..., None]:
     def run(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+        tally.topics.write_pending(txn)  # the receipts so far are in the log before a topic op reads it
         handler(txn, dbs, op, counts, tally.topics)
     return run
 
