@@ -1,4 +1,5 @@
-"""Snapshot export of one shard to Parquet: ``ids``, ``reqs`` and ``meta`` (not the blobs).
+"""Snapshot export of one shard to Parquet: ``ids``, ``reqs`` and ``meta`` (not the blobs), and the durable topics'
+catalog, logs (not the payloads) and group offsets (``storage.jobs.topic_export``).
 
 Strategy:
 - Consistency: every table of a shard is read from ONE LMDB read transaction
@@ -39,12 +40,13 @@ import structlog
 from storage import keys, tables
 from storage.batch import gc_paused
 from storage.errors import SnapshotInvalidatedError
+from storage.jobs import topic_export
 from storage.shard import ShardStore
 
 log = structlog.get_logger(__name__)
 
 EXPORT_FORMAT = 1
-EXPORT_TABLES: tuple[str, ...] = (tables.IDS, tables.REQS, tables.META)
+EXPORT_TABLES: tuple[str, ...] = (tables.IDS, tables.REQS, tables.META, *topic_export.TABLES)
 WATERMARK_FILE = "_watermark.json"
 PART_FILE = "part-00000.parquet"
 DEFAULT_ROW_GROUP_ROWS = 262_144
@@ -67,6 +69,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     tables.META: pa.schema(
         [("data_id", pa.string()), ("ts_ms", pa.int64()), ("size", pa.int64()), ("sha1", pa.string())]
     ),
+    **topic_export.SCHEMAS,
 }
 """Column schema of each exported table (the ``shard`` column comes from the directory name).
 
@@ -134,7 +137,7 @@ def export_shard(
     max_attempts: int = 3,
     compression: str = "snappy",
 ) -> ExportInfo:
-    """Export ``ids``, ``reqs`` and ``meta`` of one shard from one read transaction.
+    """Export ``ids``, ``reqs``, ``meta`` and the topic tables of one shard from one read transaction.
 
     Args:
         store: the open shard (primary, replica or an offline store).
@@ -230,7 +233,9 @@ def _write_table(view: Any, table: str, dest: Path, row_group_rows: int, compres
     schema = SCHEMAS[table]
     n = 0
     with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
-        if table == tables.META:
+        if table in topic_export.DECODERS:
+            n = topic_export.write_table(view, table, writer, row_group_rows)
+        elif table == tables.META:
             for chunk in view.chunks(table, min(row_group_rows, 10_000)):
                 writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
                 n += len(chunk)

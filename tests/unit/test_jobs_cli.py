@@ -30,7 +30,7 @@ def test_export_command_writes_every_shard(tmp_path, capsys):
     assert main(["export", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) == 0
     marks = read_watermarks(tmp_path / "out")
     assert sorted(marks) == [0, 1] and all(m["rows"]["ids"] == 2 and m["applied_seq"] == 1 for m in marks.values())
-    assert "exported 10 rows from 2 shard(s)" in capsys.readouterr().out
+    assert "exported 12 rows from 2 shard(s)" in capsys.readouterr().out  # 5 per shard + the receipts catalog row
 
 
 def test_gc_and_export_without_shards_fail_cleanly(tmp_path, capsys):
