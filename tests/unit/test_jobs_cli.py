@@ -83,4 +83,7 @@ def test_print_report_table():
     assert "req-A" in text and "1,200" in text and "955.0" in text
     assert "discarded" in text and "cancelled" in text and "3,471" in text and "5,289" in text
     assert "-" in _render(print_report, [{**rows[0], "p50_ms": None, "p95_ms": None, "p99_ms": None}])
+    with_receipts = _render(print_report, [{**rows[0], "receipts_delivered": 1010, "receipts_expired": 2,
+                                            "receipts_discarded": 0, "receipts_cancelled": 7}])
+    assert "receipts d/e/x/c" in with_receipts and "1,010/2/0/7" in with_receipts
     assert json.dumps(rows)  # report rows are JSON-able as printed by --json
