@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,9 @@ from storage.batch import gc_paused
 from storage.errors import SnapshotInvalidatedError
 from storage.jobs import topic_export
 from storage.shard import ShardStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
 
 log = structlog.get_logger(__name__)
 
@@ -326,3 +329,19 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def read_export(spark: SparkSession, export_dir: str | os.PathLike[str], table: str, shards: list[int]) -> DataFrame:
+    """One exported table of the given shards as a DataFrame with a ``shard`` column.
+
+    Only shards with a watermark are read (a shard without one is an incomplete export).
+    """
+    from pyspark.sql import types as T
+
+    types = {"int64": T.LongType(), "bool": T.BooleanType(), "string": T.StringType()}
+    schema = T.StructType(
+        [T.StructField(f.name, types[str(f.type)]) for f in SCHEMAS[table]] + [T.StructField("shard", T.IntegerType())]
+    )
+    base = Path(export_dir) / table
+    paths = [str(table_dir(export_dir, table, k)) for k in shards]
+    return spark.read.schema(schema).option("basePath", str(base)).parquet(*paths)

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from storage import tables
-from storage.jobs.export import SCHEMAS, read_watermarks, table_dir
+from storage.jobs.export import read_export, read_watermarks
 from storage.jobs.topic_plan import PRUNE_COUNT_KEY, plan_topic_retention
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,22 +127,6 @@ def read_plan(plan_dir: str | os.PathLike[str]) -> PlanInfo:
     raw["topic_retention"] = {int(k): v for k, v in raw.get("topic_retention", {}).items()}
     raw.pop("format", None)
     return PlanInfo(**raw)
-
-
-def read_export(spark: SparkSession, export_dir: str | os.PathLike[str], table: str, shards: list[int]) -> DataFrame:
-    """One exported table of the given shards as a DataFrame with a ``shard`` column.
-
-    Only shards with a watermark are read (a shard without one is an incomplete export).
-    """
-    from pyspark.sql import types as T
-
-    types = {"int64": T.LongType(), "bool": T.BooleanType(), "string": T.StringType()}
-    schema = T.StructType(
-        [T.StructField(f.name, types[str(f.type)]) for f in SCHEMAS[table]] + [T.StructField("shard", T.IntegerType())]
-    )
-    base = Path(export_dir) / table
-    paths = [str(table_dir(export_dir, table, k)) for k in shards]
-    return spark.read.schema(schema).option("basePath", str(base)).parquet(*paths)
 
 
 def compute_plan(

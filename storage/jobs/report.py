@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from storage import tables, topics
-from storage.jobs.export import read_watermarks, table_dir
-from storage.jobs.plan import read_export
+from storage.jobs.export import read_export, read_watermarks, table_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession

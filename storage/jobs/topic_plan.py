@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from storage import tables
-from storage.jobs.export import table_dir
+from storage.jobs.export import read_export, table_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -39,8 +39,6 @@ def plan_topic_retention(spark: SparkSession, export_dir: str | os.PathLike[str]
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from storage.jobs.plan import read_export
 
     if not table_dir(export_dir, tables.TOPIC_LOG, shard).exists():
         return dict.fromkeys(STATS, 0)
