@@ -126,11 +126,9 @@ def check_group(group: str) -> bytes:
     Raises:
         ValueError: not such a name.
     """
-    if not isinstance(group, str) or not group or any(c in group for c in "\x00/+#"):
-        raise ValueError(f"group must be a non-empty str without NUL, '/', '+' or '#', got {group!r}")
-    raw = group.encode("utf-8")
-    if len(raw) > MAX_GROUP_BYTES:
-        raise ValueError(f"group longer than {MAX_GROUP_BYTES} bytes UTF-8: {group[:40]!r}...")
+    raw = keys._check_text(group, "group", MAX_GROUP_BYTES)  # non-empty str, no NUL, length
+    if any(c in group for c in "/+#"):
+        raise ValueError(f"group must not contain '/', '+' or '#' [MQTT-4.8.2-2], got {group!r}")
     return raw
 
 
