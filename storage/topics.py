@@ -261,6 +261,20 @@ def _check_properties(properties: Any, i: int) -> list[list[Any]]:
     return pairs
 
 
+def envelope_properties(props: Any) -> list[list[Any]] | None:
+    """The ``properties`` of an entry from an MQTT 5 PUBLISH's properties object (any object with the attributes
+    of ``fanout.mqtt.properties.Properties``: ``user_properties``, ``content_type``, ``payload_format_indicator``,
+    ``response_topic``, ``correlation_data``); None for None (MQTT 3.1.1) or when none of them is set."""
+    if props is None:
+        return None
+    out: list[list[Any]] = [["user_property", [k, v]] for k, v in getattr(props, "user_properties", ()) or ()]
+    for name in KEEP_PROPERTIES[1:]:
+        value = getattr(props, name, None)
+        if value is not None:
+            out.append([name, value])
+    return out or None
+
+
 # -- partitioning ----------------------------------------------------------------------------------------
 def partition_for(spec: TopicSpec, mqtt_topic: str, client_id: str, shards: int) -> int:
     """The partition of one publish: ``crc32(key) % n``, ``n = spec.partitions or shards``, the key being the

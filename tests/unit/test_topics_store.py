@@ -283,3 +283,16 @@ def test_outcome_ops_estimate_their_receipts(tmp_path):
     assert s.topic_bounds("receipts", 0) == (0, 20_000)
     assert acks.space_estimate()[0] >= s.stats()["used_bytes"] - used_before
     s.close()
+
+
+def test_envelope_properties_from_an_mqtt5_properties_object(store):
+    from fanout.mqtt.properties import Properties
+
+    props = Properties(user_properties=(("a", "1"), ("a", "2")), content_type="text/plain", correlation_data=b"\x00",
+                       payload_format_indicator=1, response_topic="r/1", message_expiry_interval=30)
+    kept = topics.envelope_properties(props)
+    assert kept == [["user_property", ["a", "1"]], ["user_property", ["a", "2"]], ["content_type", "text/plain"],
+                    ["payload_format_indicator", 1], ["response_topic", "r/1"], ["correlation_data", b"\x00"]]
+    store.apply(WriteBatch().topic_append("resp", 0, T0, [("a/b", "c", 1, b"", kept)]))
+    assert store.topic_read("resp", 0, 0, 1)[0].properties == kept
+    assert topics.envelope_properties(None) is None and topics.envelope_properties(Properties()) is None
