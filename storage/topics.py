@@ -425,6 +425,19 @@ def read_bounds(txn: lmdb.Transaction, log_db: Any, counters_db: Any, topic: str
     return nxt, nxt
 
 
+def read_partitions(txn: lmdb.Transaction, log_db: Any, counters_db: Any, topic: str) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, next)}`` of every partition of ``topic`` this store ever appended to."""
+    prefix = check_topic_name(topic) + SEP
+    found: list[int] = []
+    cur = txn.cursor(counters_db)
+    if cur.set_range(prefix):
+        for key in cur.iternext(values=False):
+            if not key.startswith(prefix):
+                break
+            found.append(_U32.unpack_from(key, len(prefix))[0])
+    return {p: read_bounds(txn, log_db, counters_db, topic, p) for p in found}
+
+
 def read_committed(txn: lmdb.Transaction, db: Any, topic: str, group: str, partition: int) -> int | None:
     """The last offset ``group`` acknowledged in a partition, or None."""
     raw = txn.get(offsets_key(topic, group, partition), db=db)

@@ -296,3 +296,14 @@ def test_envelope_properties_from_an_mqtt5_properties_object(store):
     store.apply(WriteBatch().topic_append("resp", 0, T0, [("a/b", "c", 1, b"", kept)]))
     assert store.topic_read("resp", 0, 0, 1)[0].properties == kept
     assert topics.envelope_properties(None) is None and topics.envelope_properties(Properties()) is None
+
+
+def test_read_many_in_one_transaction_and_the_partitions_of_a_topic(store):
+    append(store, 5)
+    append(store, 3, partition=4)
+    append(store, 2, topic="resp2")
+    store.apply(WriteBatch().topic_prune_if("resp", 0, 2))
+    got = store.topic_read_many([("resp", 0, 0, 2), ("resp", 4, 1, 10), ("resp", 9, 0, 10)])
+    assert [[e.offset for e in part] for part in got] == [[2, 3], [1, 2], []]
+    assert store.topic_partitions("resp") == {0: (2, 5), 4: (0, 3)}
+    assert store.topic_partitions("resp2") == {0: (0, 2)} and store.topic_partitions("nope") == {}
