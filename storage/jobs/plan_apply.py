@@ -265,8 +265,9 @@ def _selections(files: list[Path], prunes: list[Path], chunk_ops: int) -> Iterat
     if files:
         dataset = ds.dataset([str(f) for f in files], format="parquet")
         for op_name in PHASES:
-            yield op_name, dataset.to_batches(columns=_COLUMNS[op_name], filter=pc.field("phase") == PHASES.index(op_name),
-                                              batch_size=chunk_ops, use_threads=False)
+            phase = pc.field("phase") == PHASES.index(op_name)
+            yield op_name, dataset.to_batches(columns=_COLUMNS[op_name], filter=phase, batch_size=chunk_ops,
+                                              use_threads=False)
     if prunes:
         yield _PRUNE, ds.dataset([str(f) for f in prunes], format="parquet").to_batches(
             columns=["topic", "partition", "below_offset"], batch_size=chunk_ops, use_threads=False)
