@@ -9,7 +9,7 @@ import lmdb
 import pytest
 from structlog.testing import capture_logs
 
-from storage import ShardStore, WriteBatch, tables, topics
+from storage import ShardStore, StoreError, WriteBatch, tables, topics
 from storage.replication_protocol import Ack, ReplicaApplier
 from storage.topics import RECEIPTS, LogEntry, TopicSpec
 
@@ -248,6 +248,8 @@ def test_an_old_store_gets_empty_topic_tables_at_open(tmp_path):
     with env.begin(write=True) as txn:
         txn.put(tables.SYS_SHARD_ID, tables.pack(0), db=handles[tables.SYS])
     env.close()
+    with pytest.raises(StoreError, match="written before table 'topics' existed: open it once writable"):
+        open_store(path, readonly=True)
     s = open_store(path)
     assert s.topic_specs() == {"receipts": RECEIPTS}
     assert append(s, 2).topic_offsets == [("resp", 0, 0, 1)]
