@@ -26,6 +26,7 @@ _pack = topics.pack
 _TOPIC_PREFIX = topics.RECEIPTS_TOPIC_PREFIX
 _EMPTY_STR_QOS1 = b"\xa0\x01"  # msgpack of "" (client_id) and 1 (qos)
 _NIL = b"\xc0"  # msgpack of None (properties)
+_PENDING_MAX = 65_536
 
 
 def _quote(text: str) -> str:
@@ -77,8 +78,11 @@ class TopicTally:
         head, tail, envelope_head = parts
         vb = vin.encode() if vin.isalnum() and vin.isascii() else json.dumps(vin)[1:-1].encode()
         # the bytes of pack([ts_ms, "$SDV-FANOUT/receipts/<vin>", "", 1, payload, None]), from cached parts
-        self._pending.append((prefix + _U64.pack(nxt), envelope_head + _pack(_TOPIC_PREFIX + vin) + _EMPTY_STR_QOS1
-                              + _pack(head + vb + tail) + _NIL))
+        pending = self._pending
+        pending.append((prefix + _U64.pack(nxt), envelope_head + _pack(_TOPIC_PREFIX + vin) + _EMPTY_STR_QOS1
+                        + _pack(head + vb + tail) + _NIL))
+        if len(pending) >= _PENDING_MAX:  # a cancel of a huge request: bound the memory, not the transaction
+            self.write_pending(txn)
 
     def write_pending(self, txn: lmdb.Transaction) -> None:
         """Put the receipts appended so far into the log (one C-level ``putmulti``)."""

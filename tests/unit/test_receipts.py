@@ -109,3 +109,15 @@ def test_receipts_and_appends_of_one_batch_share_the_counter(store):
     assert res.topic_offsets == [(R, 2, 1, 1)]
     assert [e.offset for e in store.topic_read(R, 2, 0, 10)] == [1, 2]  # offset 0 pruned in the same batch
     assert store.topic_bounds(R, 2) == (1, 3)
+
+
+def test_a_cancel_bigger_than_the_pending_buffer_writes_every_receipt_in_order(store, monkeypatch):
+    from storage import topic_apply
+
+    monkeypatch.setattr(topic_apply, "_PENDING_MAX", 7)
+    vins = [f"V{i:03d}" for i in range(50)]
+    store.apply(WriteBatch().enqueue_many(vins, T0, "r1", "d"))
+    store.apply(WriteBatch().ack_rows([row_key("V000")], T0 + 1).settle_pending("r1", "cancelled", T0 + 2))
+    got = receipts(store)
+    assert [r["vin"] for r in got] == vins and [r["status"] for r in got].count("cancelled") == 49
+    assert store.topic_bounds(R, 2) == (0, 50)
