@@ -8,6 +8,8 @@ Public API (see each module for its strategy):
   ``Ack``/``Need``/``Rejected``.
 - ``storage.replica_shipper.Replicator``: the primary's asyncio pipeline shipping batches to its replicas.
 - ``storage.batch_apply``: executes a batch's ops inside ``ShardStore.apply``'s transaction.
+- ``storage.topics``: durable topics (``TopicSpec``, ``LogEntry``, ``partition_for``, keys, the ``receipts`` topic);
+  ``storage.topic_apply`` applies their ops and appends the delivery receipts.
 - ``storage.errors``: ``StoreError`` and subclasses.
 """
 from storage.batch import WriteBatch

@@ -422,7 +422,7 @@ class WriteBatch:
         return self._group_offset(TOPIC_COMMIT, topic, group, partition, offset, ts_ms)
 
     def topic_reset(self, topic: str, group: str, partition: int, offset: int, ts_ms: int) -> WriteBatch:
-        """Set ``group``'s committed offset of ``partition`` (it may move back). Raises ValueError as ``topic_commit``."""
+        """Set ``group``'s committed offset of ``partition`` (it may move back). Raises ValueError: invalid args."""
         return self._group_offset(TOPIC_RESET, topic, group, partition, offset, ts_ms)
 
     def _group_offset(self, code: int, topic: str, group: str, partition: int, offset: int, ts_ms: int) -> WriteBatch:

@@ -82,7 +82,7 @@ def _inc(counts: Counts, name: str, n: int = 1) -> None:
     counts[name] = counts.get(name, 0) + n
 
 
-def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, blob, ts_ms, sha1 = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -101,7 +101,7 @@ def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: A
     txn.put(key, tables.encode_meta(ts_ms, len(blob), sha1), db=dbs.meta)
 
 
-def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, ts_ms = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -128,7 +128,7 @@ def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> 
             txn.put(key, tables.encode_meta(ts_ms, size, sha1), db=dbs.meta)
 
 
-def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, ts_ms, request_id, data_id, vins = op
     if is_cancelled(txn, dbs.requests, request_id):  # a cancel is final (storage.request_stats)
         _inc(counts, "enqueue_cancelled", len(vins))
@@ -209,7 +209,7 @@ def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
         tally.topics.receipt(txn, request_id, vin, data_id, status, done_ts_ms)
 
 
-def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id = op
     hit = txn.delete(vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode(), db=dbs.ids)
     _inc(counts, "deleted" if hit else "delete_missing")
@@ -226,7 +226,7 @@ def _guarded_ids_key(txn: lmdb.Transaction, dbs: Dbs, vin: str, ts_ms: int, requ
     return key
 
 
-def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected = op
     key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
     if key is not None:
@@ -273,7 +273,7 @@ def _queues_request(txn: lmdb.Transaction, dbs: Dbs, vin: str, request_id: str) 
     return False
 
 
-def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected, new_data_id = op
     key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
     if key is not None:
@@ -281,7 +281,7 @@ def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
         _inc(counts, "repointed")
 
 
-def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, vin = op
     raw = txn.pop(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
     if raw is not None:
@@ -289,7 +289,7 @@ def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     _inc(counts, "deleted" if raw is not None else "delete_missing")
 
 
-def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, vin, expected_ts, expected_status = op
     key = request_id.encode() + _SEP + vin.encode()
     raw = txn.get(key, db=dbs.reqs)
@@ -306,7 +306,7 @@ def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "guard_skipped")
 
 
-def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     key = op[1].encode()
     hit = txn.delete(key, db=dbs.meta)
     hit = txn.delete(key, db=dbs.data) or hit
@@ -314,7 +314,7 @@ def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, expected_ts = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -327,18 +327,18 @@ def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "deleted")
 
 
-def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, topic, payload, qos, ts_ms = op
     txn.put(keys.retained_key(topic), tables.encode_retained(topic, payload, qos, ts_ms), db=dbs.retained)
     _inc(counts, "retained_put")
 
 
-def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     hit = txn.delete(keys.retained_key(op[1]), db=dbs.retained)
     _inc(counts, "retained_deleted" if hit else "delete_missing")
 
 
-def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, name, value, ts_ms = op
     txn.put(name.encode(), tables.encode_metric(value, ts_ms), db=dbs.metrics)
     _inc(counts, "metric_put")
@@ -373,13 +373,13 @@ def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, f"{status}_rows", len(settled))
 
 
-def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, expires_ms = op
     tally.expires(request_id, expires_ms)
     _inc(counts, "expiry_set")
 
 
-def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     """The User Properties of a request's trigger (the latest trigger carrying some wins); none for a cancelled
     request, which queues nothing either. Deleted with the request's ``requests`` row (RequestTally.flush)."""
     _, request_id, pairs = op
@@ -389,7 +389,7 @@ def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts,
     _inc(counts, "request_props_set")
 
 
-def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     """The Content Type of a blob's publish (after its put_blob op; deleted with the blob)."""
     _, data_id, content_type = op
     key = data_id.encode()
@@ -401,6 +401,7 @@ def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
 
 def _topic_op(handler: Callable[[lmdb.Transaction, Any, Any, Counts, TopicTally], None]) -> Callable[..., None]:
     def run(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+        tally.topics.write_pending(txn)  # the receipts so far are in the log before a topic op reads it
         handler(txn, dbs, op, counts, tally.topics)
     return run
 

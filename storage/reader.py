@@ -229,6 +229,25 @@ class ShardReader:
         return self._read(lambda txn: topics.read_log(txn, self._dbs.topic_log, topic, partition, from_offset,
                                                       limit, max_bytes))
 
+    def topic_read_many(self, requests: Iterable[tuple[str, int, int, int]],
+                        max_bytes: int | None = None) -> list[list[topics.LogEntry]]:
+        """``topic_read`` of many ``(topic, partition, from_offset, limit)`` in ONE read transaction (a tick's
+        reads for its consumers); ``max_bytes`` bounds each request's payloads.
+
+        Raises:
+            ValueError: an invalid topic name, partition or offset.
+        """
+        reqs = list(requests)
+        log_db = self._dbs.topic_log
+        return self._read(lambda txn: [topics.read_log(txn, log_db, topic, partition, start, limit, max_bytes)
+                                       for topic, partition, start, limit in reqs])
+
+    def topic_partitions(self, topic: str) -> dict[int, tuple[int, int]]:
+        """``{partition: (low, next)}`` of the partitions of ``topic`` in this store that were ever appended to
+        (high offset and retained range for ``fanout status`` and lag)."""
+        return self._read(lambda txn: topics.read_partitions(txn, self._dbs.topic_log, self._dbs.topic_counters,
+                                                             topic))
+
     def topic_bounds(self, topic: str, partition: int) -> tuple[int, int]:
         """``(low, next)``: a partition's first retained offset (``next`` when empty) and next offset to assign."""
         return self._read(lambda txn: topics.read_bounds(txn, self._dbs.topic_log, self._dbs.topic_counters, topic,

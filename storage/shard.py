@@ -154,6 +154,9 @@ class ShardStore(ShardReader):
             try:
                 handles[name] = env.open_db(name.encode(), create=not self.readonly)
             except lmdb.NotFoundError as exc:
+                if name in tables.LATER_DBS and tables.IDS.encode() in _table_names(env):
+                    raise StoreError(f"{self.path} was written before table {name!r} existed: open it once writable "
+                                     "(fanout up, fanout gc) to add it") from exc
                 raise StoreError(f"{self.path} is not a shard store: table {name!r} missing") from exc
         with env.begin(write=not self.readonly) as txn:
             raw = txn.get(tables.SYS_SHARD_ID, db=handles[tables.SYS])
@@ -449,6 +452,12 @@ class ShardStore(ShardReader):
         snapshot.install_snapshot_files(snapshot_dir, path)
         log.info("snapshot_restored", shard=shard_id, path=str(path), applied_seq=info.applied_seq)
         return cls(path, shard_id, **kwargs)
+
+
+def _table_names(env: lmdb.Environment) -> set[bytes]:
+    """Names of the named databases of an environment (the keys of its main database)."""
+    with env.begin() as txn:
+        return {bytes(key) for key in txn.cursor().iternext(values=False)}
 
 
 def _release_path(real: str) -> None:

@@ -60,6 +60,9 @@ USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS, REQUESTS,
                              TOPICS, TOPIC_LOG, TOPIC_COUNTERS, TOPIC_OFFSETS)
 """Tables whose content replication keeps identical on every replica (``sys`` is per store)."""
 
+LATER_DBS: frozenset[str] = frozenset((REQUESTS, REQPROPS, BLOBPROPS, TOPICS, TOPIC_LOG, TOPIC_COUNTERS, TOPIC_OFFSETS))
+"""Tables added after the first stores were written: an older store gets them (empty) when opened writable."""
+
 STATUS_PENDING = "pending"
 STATUS_DELIVERED = "delivered"
 STATUS_DISCARDED = "discarded"  # dropped undelivered: its blob was gone (garbage-collected) when it was due

@@ -126,11 +126,9 @@ def check_group(group: str) -> bytes:
     Raises:
         ValueError: not such a name.
     """
-    if not isinstance(group, str) or not group or any(c in group for c in "\x00/+#"):
-        raise ValueError(f"group must be a non-empty str without NUL, '/', '+' or '#', got {group!r}")
-    raw = group.encode("utf-8")
-    if len(raw) > MAX_GROUP_BYTES:
-        raise ValueError(f"group longer than {MAX_GROUP_BYTES} bytes UTF-8: {group[:40]!r}...")
+    raw = keys._check_text(group, "group", MAX_GROUP_BYTES)  # non-empty str, no NUL, length
+    if any(c in group for c in "/+#"):
+        raise ValueError(f"group must not contain '/', '+' or '#' [MQTT-4.8.2-2], got {group!r}")
     return raw
 
 
@@ -261,6 +259,20 @@ def _check_properties(properties: Any, i: int) -> list[list[Any]]:
             raise ValueError(f"entry {i}: property {name} must be str, bytes or int, got {type(value).__name__}")
         pairs.append([name, value])
     return pairs
+
+
+def envelope_properties(props: Any) -> list[list[Any]] | None:
+    """The ``properties`` of an entry from an MQTT 5 PUBLISH's properties object (any object with the attributes
+    of ``fanout.mqtt.properties.Properties``: ``user_properties``, ``content_type``, ``payload_format_indicator``,
+    ``response_topic``, ``correlation_data``); None for None (MQTT 3.1.1) or when none of them is set."""
+    if props is None:
+        return None
+    out: list[list[Any]] = [["user_property", [k, v]] for k, v in getattr(props, "user_properties", ()) or ()]
+    for name in KEEP_PROPERTIES[1:]:
+        value = getattr(props, name, None)
+        if value is not None:
+            out.append([name, value])
+    return out or None
 
 
 # -- partitioning ----------------------------------------------------------------------------------------
@@ -411,6 +423,19 @@ def read_bounds(txn: lmdb.Transaction, log_db: Any, counters_db: Any, topic: str
     if cur.set_range(prefix) and cur.key().startswith(prefix):
         return _U64.unpack_from(cur.key(), len(prefix))[0], nxt
     return nxt, nxt
+
+
+def read_partitions(txn: lmdb.Transaction, log_db: Any, counters_db: Any, topic: str) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, next)}`` of every partition of ``topic`` this store ever appended to."""
+    prefix = check_topic_name(topic) + SEP
+    found: list[int] = []
+    cur = txn.cursor(counters_db)
+    if cur.set_range(prefix):
+        for key in cur.iternext(values=False):
+            if not key.startswith(prefix):
+                break
+            found.append(_U32.unpack_from(key, len(prefix))[0])
+    return {p: read_bounds(txn, log_db, counters_db, topic, p) for p in found}
 
 
 def read_committed(txn: lmdb.Transaction, db: Any, topic: str, group: str, partition: int) -> int | None:

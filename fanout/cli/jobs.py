@@ -2,7 +2,8 @@
 
 - ``fanout export --out DIR``: Parquet export of every shard (with ``_watermark.json`` per shard).
 - ``fanout report [--request ID]``: per-request delivery report (queued, delivered, pending,
-  expired, discarded, cancelled, delivery-time percentiles) from a fresh export, or from ``--export DIR``.
+  expired, discarded, cancelled, delivery-time percentiles, delivery receipts per status) from a fresh export, or
+  from ``--export DIR``.
 - :func:`run_offline_gc`: one GC cycle (export, Spark plan, guarded apply) on the ``shard-<k>`` stores of
   a data dir opened in this process, with a progress display and a summary of what was deleted. The
   ``gc`` command itself is registered by :mod:`cluster.cli.gc`, which also offers ``--live`` (through the
@@ -225,13 +226,15 @@ def print_report(console: Any, rows: list[dict[str, Any]]) -> None:
 
     table = Table(title="delivery report")
     counted = ("queued", "delivered", "pending", "expired", "discarded", "cancelled")
-    for name in ("request_id", *counted, "p50 ms", "p95 ms", "p99 ms"):
+    receipts = ("receipts_delivered", "receipts_expired", "receipts_discarded", "receipts_cancelled")
+    for name in ("request_id", *counted, "p50 ms", "p95 ms", "p99 ms", "receipts d/e/x/c"):
         table.add_column(name, justify="left" if name == "request_id" else "right")
     for r in rows:
         table.add_row(r["request_id"], *(f"{r[k]:,}" for k in counted),
-                      *(_ms(r[k]) for k in ("p50_ms", "p95_ms", "p99_ms")))
+                      *(_ms(r[k]) for k in ("p50_ms", "p95_ms", "p99_ms")),
+                      "/".join(f"{r.get(k) or 0:,}" for k in receipts))
     if not rows:
-        table.add_row("-", *("0" for _ in counted), "-", "-", "-")
+        table.add_row("-", *("0" for _ in counted), "-", "-", "-", "-")
     console.print(table)
 
 

@@ -155,6 +155,8 @@ class GcSummary:
     planned: dict[str, int] = field(default_factory=dict)
     """``"<op>/<reason>"`` -> actions over all shards."""
     content_dup_groups: int = 0
+    topic_retention: dict[str, int] = field(default_factory=dict)
+    """Durable topics' prunes over all shards: partitions, entries, bytes, dropped_unconsumed."""
     applied: dict[int, dict[str, Any]] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)
     """Shards whose plan was not applied, and why."""
@@ -354,13 +356,16 @@ def _run(target: GcTarget, config: Any, now_ms: int | None, progress: GcProgress
         for key, count in counts.items():
             summary.planned[key] = summary.planned.get(key, 0) + count
     summary.content_dup_groups = sum(plan.content_dup_groups.values())
+    for stats in plan.topic_retention.values():
+        for key, value in stats.items():
+            summary.topic_retention[key] = summary.topic_retention.get(key, 0) + value
     if dry_run:
         del summary.stage_s["apply"]
     summary.stage_s["total"] = time.perf_counter() - started
     _write_summary(work / SUMMARY_FILE, summary)
     log.info("gc_cycle_done", plan_id=plan.plan_id, dry_run=dry_run, exported_rows=summary.exported_rows,
              planned=summary.planned, deleted=summary.deleted, repointed=summary.repointed,
-             skipped=summary.skipped, refused=summary.refused,
+             skipped=summary.skipped, refused=summary.refused, topic_retention=summary.topic_retention,
              stage_s={k: round(v, 3) for k, v in summary.stage_s.items()})
     return summary
 

@@ -1,4 +1,5 @@
-"""Snapshot export of one shard to Parquet: ``ids``, ``reqs`` and ``meta`` (not the blobs).
+"""Snapshot export of one shard to Parquet: ``ids``, ``reqs`` and ``meta`` (not the blobs), and the durable topics'
+catalog, logs (not the payloads) and group offsets (``storage.jobs.topic_export``).
 
 Strategy:
 - Consistency: every table of a shard is read from ONE LMDB read transaction
@@ -28,7 +29,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -39,12 +40,16 @@ import structlog
 from storage import keys, tables
 from storage.batch import gc_paused
 from storage.errors import SnapshotInvalidatedError
+from storage.jobs import topic_export
 from storage.shard import ShardStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
 
 log = structlog.get_logger(__name__)
 
 EXPORT_FORMAT = 1
-EXPORT_TABLES: tuple[str, ...] = (tables.IDS, tables.REQS, tables.META)
+EXPORT_TABLES: tuple[str, ...] = (tables.IDS, tables.REQS, tables.META, *topic_export.TABLES)
 WATERMARK_FILE = "_watermark.json"
 PART_FILE = "part-00000.parquet"
 DEFAULT_ROW_GROUP_ROWS = 262_144
@@ -67,6 +72,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     tables.META: pa.schema(
         [("data_id", pa.string()), ("ts_ms", pa.int64()), ("size", pa.int64()), ("sha1", pa.string())]
     ),
+    **topic_export.SCHEMAS,
 }
 """Column schema of each exported table (the ``shard`` column comes from the directory name).
 
@@ -134,7 +140,7 @@ def export_shard(
     max_attempts: int = 3,
     compression: str = "snappy",
 ) -> ExportInfo:
-    """Export ``ids``, ``reqs`` and ``meta`` of one shard from one read transaction.
+    """Export ``ids``, ``reqs``, ``meta`` and the topic tables of one shard from one read transaction.
 
     Args:
         store: the open shard (primary, replica or an offline store).
@@ -230,7 +236,9 @@ def _write_table(view: Any, table: str, dest: Path, row_group_rows: int, compres
     schema = SCHEMAS[table]
     n = 0
     with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
-        if table == tables.META:
+        if table in topic_export.DECODERS:
+            n = topic_export.write_table(view, table, writer, row_group_rows)
+        elif table == tables.META:
             for chunk in view.chunks(table, min(row_group_rows, 10_000)):
                 writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
                 n += len(chunk)
@@ -321,3 +329,19 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def read_export(spark: SparkSession, export_dir: str | os.PathLike[str], table: str, shards: list[int]) -> DataFrame:
+    """One exported table of the given shards as a DataFrame with a ``shard`` column.
+
+    Only shards with a watermark are read (a shard without one is an incomplete export).
+    """
+    from pyspark.sql import types as T
+
+    types = {"int64": T.LongType(), "bool": T.BooleanType(), "string": T.StringType()}
+    schema = T.StructType(
+        [T.StructField(f.name, types[str(f.type)]) for f in SCHEMAS[table]] + [T.StructField("shard", T.IntegerType())]
+    )
+    base = Path(export_dir) / table
+    paths = [str(table_dir(export_dir, table, k)) for k in shards]
+    return spark.read.schema(schema).option("basePath", str(base)).parquet(*paths)

@@ -24,6 +24,9 @@ gets at most one action; the first rule that matches wins:
    pending delivery keeps its blob even when the blob's own ``ts_ms`` is old.
 Content-duplicate groups are always reported (``content_dups``), repointed only with
 ``dedup_content``.
+7. durable topics: each partition's log is pruned below the offset its topic's ``retention``/``retention_bytes``
+   says (``storage.jobs.topic_plan``); the pruned entries some group had not acknowledged are counted
+   (``topic_retention``).
 
 Output (under ``plan_dir``): ``actions/shard=<k>/part-*.parquet`` with ``ACTION_COLUMNS``, one Spark
 job per shard (its scans prune to the shard's files). The big scans only go through filters and
@@ -47,7 +50,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from storage import tables
-from storage.jobs.export import SCHEMAS, read_watermarks, table_dir
+from storage.jobs.export import read_export, read_watermarks
+from storage.jobs.topic_plan import PRUNE_COUNT_KEY, plan_topic_retention
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -97,6 +101,9 @@ class PlanInfo:
     """shard -> ``"<op>/<reason>"`` -> number of actions."""
     content_dup_groups: dict[int, int] = field(default_factory=dict)
     duration_s: float = 0.0
+    topic_retention: dict[int, dict[str, int]] = field(default_factory=dict)
+    """shard -> durable topics' prunes: ``partitions``, ``entries``, ``bytes``, ``dropped_unconsumed`` (entries
+    some consumer group had not acknowledged)."""
 
     def total(self, op: str | None = None) -> int:
         """Actions in the plan (of one op, e.g. ``"delete_ids"``, or all)."""
@@ -117,24 +124,9 @@ def read_plan(plan_dir: str | os.PathLike[str]) -> PlanInfo:
     raw["watermarks"] = {int(k): v for k, v in raw["watermarks"].items()}
     raw["counts"] = {int(k): v for k, v in raw["counts"].items()}
     raw["content_dup_groups"] = {int(k): v for k, v in raw["content_dup_groups"].items()}
+    raw["topic_retention"] = {int(k): v for k, v in raw.get("topic_retention", {}).items()}
     raw.pop("format", None)
     return PlanInfo(**raw)
-
-
-def read_export(spark: SparkSession, export_dir: str | os.PathLike[str], table: str, shards: list[int]) -> DataFrame:
-    """One exported table of the given shards as a DataFrame with a ``shard`` column.
-
-    Only shards with a watermark are read (a shard without one is an incomplete export).
-    """
-    from pyspark.sql import types as T
-
-    types = {"int64": T.LongType(), "bool": T.BooleanType(), "string": T.StringType()}
-    schema = T.StructType(
-        [T.StructField(f.name, types[str(f.type)]) for f in SCHEMAS[table]] + [T.StructField("shard", T.IntegerType())]
-    )
-    base = Path(export_dir) / table
-    paths = [str(table_dir(export_dir, table, k)) for k in shards]
-    return spark.read.schema(schema).option("basePath", str(base)).parquet(*paths)
 
 
 def compute_plan(
@@ -195,6 +187,9 @@ def compute_plan(
         info.watermarks[k] = marks[k]
         info.counts[k] = _count(out / ACTIONS, k, ("op", "reason"))
         info.content_dup_groups[k] = len(_count(out / CONTENT_DUPS, k, ("sha1", "size")))
+        info.topic_retention[k] = plan_topic_retention(spark, export_dir, out, k, now_ms)
+        if info.topic_retention[k]["partitions"]:
+            info.counts[k][PRUNE_COUNT_KEY] = info.topic_retention[k]["partitions"]
     info = replace(info, duration_s=info.duration_s + time.perf_counter() - started)
     tmp = out / f".{PLAN_FILE}.tmp"
     tmp.write_text(json.dumps({"format": PLAN_FORMAT, **info.as_dict()}, sort_keys=True), encoding="utf-8")
@@ -202,6 +197,8 @@ def compute_plan(
     log.info("gc_plan_written", plan_id=info.plan_id, plan_dir=str(out), shards=todo, cutoff_ms=cutoff,
              actions=sum(sum(info.counts[k].values()) for k in todo),
              content_dup_groups=sum(info.content_dup_groups[k] for k in todo),
+             topic_entries_pruned=sum(info.topic_retention[k]["entries"] for k in todo),
+             topic_dropped_unconsumed=sum(info.topic_retention[k]["dropped_unconsumed"] for k in todo),
              duration_s=round(time.perf_counter() - started, 3))
     return info
 

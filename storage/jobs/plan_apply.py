@@ -21,6 +21,8 @@ Strategy:
   moves its request's counters (``storage.request_stats``) in the same transaction; a duplicate's delete is a
   plain ``delete_ids_if`` (the VIN's oldest row stays queued). The later ``delete_reqs_if`` of a row seen
   pending also takes it once settled undelivered, so retention still removes it in the same cycle.
+- Topics: the plan's ``topic_prunes`` become ``topic_prune_if`` ops after every other phase (entries are immutable
+  and offsets never reused, so the offset bound is the guard: entries appended after the snapshot stay).
 - Watermark: a store whose ``applied_seq`` is below the plan's watermark for its shard is not the
   store the snapshot came from (or was restored to an older state): the plan is refused.
 """
@@ -43,6 +45,7 @@ from storage.batch import WriteBatch
 from storage.errors import StoreError
 from storage.jobs.plan import (ACTIONS, OP_DELETE_BLOB, OP_DELETE_IDS, OP_DELETE_REQS, OP_REPOINT_IDS, PHASES,
                                 REASON_EXPIRED, REASON_ORPHAN, read_plan)
+from storage.jobs.topic_plan import prune_files
 from storage.shard import ShardStore
 
 log = structlog.get_logger(__name__)
@@ -142,18 +145,12 @@ def plan_batches(
         raise ValueError(f"chunk_ops must be >= 1, got {chunk_ops}")
     plan = read_plan(plan_dir)
     files = plan_files(plan_dir, shard_id)
-    if not files:
+    prunes = prune_files(plan_dir, shard_id)
+    if not files and not prunes:
         return
-    dataset = ds.dataset([str(f) for f in files], format="parquet")
     chunk: list[Any] = []
     index = 0
-    for op_name in PHASES:
-        selected = dataset.to_batches(
-            columns=_COLUMNS[op_name],
-            filter=pc.field("phase") == PHASES.index(op_name),
-            batch_size=chunk_ops,
-            use_threads=False,
-        )
+    for op_name, selected in _selections(files, prunes, chunk_ops):
         for record_batch in selected:
             if record_batch.num_rows == 0:
                 continue
@@ -260,11 +257,29 @@ def resume_chunk(store: ShardStore, plan_id: str) -> int:
     return 0
 
 
+_PRUNE = "topic_prune_if"
+
+
+def _selections(files: list[Path], prunes: list[Path], chunk_ops: int) -> Iterator[tuple[str, Iterator[Any]]]:
+    """``(op name, record batches)`` in apply order: the phases of ``actions``, then the topic prunes."""
+    if files:
+        dataset = ds.dataset([str(f) for f in files], format="parquet")
+        for op_name in PHASES:
+            phase = pc.field("phase") == PHASES.index(op_name)
+            yield op_name, dataset.to_batches(columns=_COLUMNS[op_name], filter=phase, batch_size=chunk_ops,
+                                              use_threads=False)
+    if prunes:
+        yield _PRUNE, ds.dataset([str(f) for f in prunes], format="parquet").to_batches(
+            columns=["topic", "partition", "below_offset"], batch_size=chunk_ops, use_threads=False)
+
+
 def _ops(op_name: str, cols: list[list[Any]], now_ms: int) -> list[tuple[Any, ...]]:
     if op_name == OP_DELETE_IDS:  # past retention or blob gone: settle the reqs row too (its counters move)
         status_of = _SETTLE_STATUS.get
         return [(B.SETTLE_IDS_IF, vin, ts, rid, did, status, now_ms) if (status := status_of(reason)) is not None
                 else (B.DELETE_IDS_IF, vin, ts, rid, did) for vin, ts, rid, did, reason in zip(*cols)]
+    if op_name == _PRUNE:
+        return [(B.TOPIC_PRUNE_IF, topic, int(partition), int(below)) for topic, partition, below in zip(*cols)]
     return list(zip(repeat(_OPCODE[op_name], len(cols[0])), *cols))  # tuples built by zip, in C
 
 

@@ -15,7 +15,11 @@ touching the live store. Per request_id:
 - ``p50_ms``/``p95_ms``/``p99_ms``: exact percentiles (linear interpolation, Spark ``percentile``,
   rounded to 1 us) of ``delivered_ts_ms - ts_ms`` over the delivered VINs, None when nothing was
   delivered;
-- ``first_ts_ms``/``last_delivered_ts_ms``: when the request was first queued, last delivered.
+- ``first_ts_ms``/``last_delivered_ts_ms``: when the request was first queued, last delivered;
+- ``receipts_delivered``/``receipts_expired``/``receipts_discarded``/``receipts_cancelled``: the delivery receipts
+  of the request in the built-in ``receipts`` topic (one per (request, VIN) outcome, written with the outcome; the
+  export carries their fields, ``storage.jobs.topic_export``), 0 when none; receipts outlive the ``reqs`` rows GC
+  removes until the topic's own retention prunes them, and they are what a platform consumer of the topic saw.
 
 The report is written as one Parquet file (``<out>/report/``) and returned as a list of dicts
 sorted by request_id for printing (``fanout report``).
@@ -29,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from storage import tables
-from storage.jobs.export import read_watermarks
-from storage.jobs.plan import read_export
+from storage import tables, topics
+from storage.jobs.export import read_export, read_watermarks, table_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -41,8 +44,11 @@ log = structlog.get_logger(__name__)
 REPORT_SUBDIR = "report"
 REPORT_COLUMNS: tuple[str, ...] = (
     "request_id", "queued", "delivered", "pending", "expired", "discarded", "cancelled", "p50_ms", "p95_ms", "p99_ms",
-    "first_ts_ms", "last_delivered_ts_ms",
+    "first_ts_ms", "last_delivered_ts_ms", "receipts_delivered", "receipts_expired", "receipts_discarded",
+    "receipts_cancelled",
 )
+RECEIPT_STATUSES: tuple[str, ...] = (tables.STATUS_DELIVERED, tables.STATUS_EXPIRED, tables.STATUS_DISCARDED,
+                                     tables.STATUS_CANCELLED)
 PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 
 
@@ -104,8 +110,8 @@ def compute_report(
             *[F.round(col("pct")[i], 3).alias(name) for i, name in enumerate(("p50_ms", "p95_ms", "p99_ms"))],
             "first_ts_ms", "last_delivered_ts_ms",
         )
-        .orderBy("request_id")
     )
+    report = _with_receipts(spark, export_dir, shards, report, request_id).orderBy("request_id")
     if out_dir is not None:
         dest = Path(out_dir) / REPORT_SUBDIR
         report.coalesce(1).write.mode("overwrite").parquet(str(dest))
@@ -114,6 +120,25 @@ def compute_report(
     log.info("delivery_report", requests=len(rows), shards=shards, request_id=request_id,
              duration_s=round(time.perf_counter() - started, 3))
     return rows
+
+
+def _with_receipts(spark: SparkSession, export_dir: str | os.PathLike[str], shards: list[int], report: Any,
+                   request_id: str | None) -> Any:
+    """``report`` plus the receipt counts per status of each request (0 without receipts or topic export)."""
+    from pyspark.sql import functions as F
+
+    col = F.col
+    names = [f"receipts_{status}" for status in RECEIPT_STATUSES]
+    exported = [k for k in shards if table_dir(export_dir, tables.TOPIC_LOG, k).exists()]
+    if not exported:
+        return report.select("*", *[F.lit(0).cast("long").alias(n) for n in names])
+    receipts = read_export(spark, export_dir, tables.TOPIC_LOG, exported).filter(
+        col("topic") == topics.RECEIPTS_NAME)
+    if request_id is not None:
+        receipts = receipts.filter(col("request_id") == request_id)
+    counts = receipts.groupBy("request_id").agg(
+        *[F.count(F.when(col("status") == status, 1)).alias(n) for status, n in zip(RECEIPT_STATUSES, names)])
+    return report.join(counts, "request_id", "left").fillna(0, subset=names)
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:

@@ -59,16 +59,20 @@ def export_dir(tmp_path_factory):
 
 EXPECTED = {
     "req-A": {"request_id": "req-A", "queued": 12, "delivered": 10, "pending": 2, "expired": 0,
-              "discarded": 0, "cancelled": 0, "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0, "first_ts_ms": T, "last_delivered_ts_ms": T + 1000},
+              "discarded": 0, "cancelled": 0, "p50_ms": 550.0, "p95_ms": 955.0, "p99_ms": 991.0, "first_ts_ms": T, "last_delivered_ts_ms": T + 1000,
+              "receipts_delivered": 10, "receipts_expired": 0, "receipts_discarded": 0, "receipts_cancelled": 0},
     "req-B": {"request_id": "req-B", "queued": 6, "delivered": 1, "pending": 3, "expired": 2,
               "discarded": 0, "cancelled": 0, "p50_ms": 5000.0, "p95_ms": 5000.0, "p99_ms": 5000.0, "first_ts_ms": OLD,
-              "last_delivered_ts_ms": OLD + 5000},
+              "last_delivered_ts_ms": OLD + 5000,
+              "receipts_delivered": 1, "receipts_expired": 0, "receipts_discarded": 0, "receipts_cancelled": 0},
     "req-C": {"request_id": "req-C", "queued": 2, "delivered": 0, "pending": 0, "expired": 1,
               "discarded": 0, "cancelled": 1,
-              "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None},
+              "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None,
+              "receipts_delivered": 0, "receipts_expired": 1, "receipts_discarded": 0, "receipts_cancelled": 1},
     "req-D": {"request_id": "req-D", "queued": 3, "delivered": 0, "pending": 1, "expired": 0,
               "discarded": 2, "cancelled": 0,
-              "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None},
+              "p50_ms": None, "p95_ms": None, "p99_ms": None, "first_ts_ms": T, "last_delivered_ts_ms": None,
+              "receipts_delivered": 0, "receipts_expired": 0, "receipts_discarded": 2, "receipts_cancelled": 0},
 }
 
 

@@ -30,7 +30,7 @@ def test_export_command_writes_every_shard(tmp_path, capsys):
     assert main(["export", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) == 0
     marks = read_watermarks(tmp_path / "out")
     assert sorted(marks) == [0, 1] and all(m["rows"]["ids"] == 2 and m["applied_seq"] == 1 for m in marks.values())
-    assert "exported 10 rows from 2 shard(s)" in capsys.readouterr().out
+    assert "exported 12 rows from 2 shard(s)" in capsys.readouterr().out  # 5 per shard + the receipts catalog row
 
 
 def test_gc_and_export_without_shards_fail_cleanly(tmp_path, capsys):
@@ -83,4 +83,7 @@ def test_print_report_table():
     assert "req-A" in text and "1,200" in text and "955.0" in text
     assert "discarded" in text and "cancelled" in text and "3,471" in text and "5,289" in text
     assert "-" in _render(print_report, [{**rows[0], "p50_ms": None, "p95_ms": None, "p99_ms": None}])
+    with_receipts = _render(print_report, [{**rows[0], "receipts_delivered": 1010, "receipts_expired": 2,
+                                            "receipts_discarded": 0, "receipts_cancelled": 7}])
+    assert "receipts d/e/x/c" in with_receipts and "1,010/2/0/7" in with_receipts
     assert json.dumps(rows)  # report rows are JSON-able as printed by --json

@@ -88,7 +88,7 @@ def test_cycle_on_a_data_dir_exports_plans_and_applies_every_shard(data_dir, pip
     assert summary.planned == {"delete_ids/expired": 6} and summary.deleted == 6 and not summary.refused
     assert summary.shards == [0, 1] and summary.plan_id == "plan-1" and summary.cutoff_ms == NOW - 7 * DAY
     assert {k: e["applied_seq"] for k, e in summary.exported.items()} == {0: 3, 1: 3}
-    assert summary.exported_rows == 2 * (5 + 5 + 1)
+    assert summary.exported_rows == 2 * (5 + 5 + 1 + 1)  # ids, reqs, meta, the receipts catalog row
     assert ("export", 2, 2) in seen and ("plan", 2, 2) in seen and seen[-1][0] == "apply"
     assert seen[-1][1] == 6 and set(summary.stage_s) == {"export", "spark", "plan", "apply", "total"}
     assert json.loads((data_dir / "export" / C.SUMMARY_FILE).read_text())["deleted"] == 6

@@ -34,7 +34,9 @@ def test_export_writes_exact_rows_and_watermark(store, tmp_path):
     info = E.export_shard(store, out, row_group_rows=2)
 
     assert info.shard == 3 and info.applied_seq == store.applied_seq == 4 and info.attempts == 1
-    assert info.rows == {"ids": 3, "reqs": 4, "meta": 2} and info.total_rows == 9
+    # the ack wrote one receipt; the catalog holds the implicit receipts topic
+    assert info.rows == {"ids": 3, "reqs": 4, "meta": 2, "topics": 1, "topic_log": 1, "topic_offsets": 0}
+    assert info.total_rows == 11
     assert info.as_dict()["rows"] == info.rows
     assert _read(out, "ids") == [  # key order: vin, then ts, then request_id ("VIN1" < "VIN10")
         {"vin": "V", "ts_ms": T0 + 5, "request_id": "req-ü", "data_id": "d1", "maybe_dup": True},
@@ -75,10 +77,10 @@ def test_large_table_streams_in_row_groups(store, tmp_path):
 
 def test_empty_store_exports_empty_files_with_schema(store, tmp_path):
     info = E.export_shard(store, tmp_path / "x")
-    assert info.rows == {"ids": 0, "reqs": 0, "meta": 0}
+    assert info.rows == {"ids": 0, "reqs": 0, "meta": 0, "topics": 1, "topic_log": 0, "topic_offsets": 0}
     for table in E.EXPORT_TABLES:
         t = pq.read_table(E.table_dir(tmp_path / "x", table, 3) / E.PART_FILE)
-        assert t.num_rows == 0 and t.schema.equals(E.SCHEMAS[table])
+        assert t.num_rows == (table == "topics") and t.schema.equals(E.SCHEMAS[table])  # topics: receipts
 
 
 def test_export_is_one_read_transaction(store, tmp_path, monkeypatch):
@@ -162,3 +164,31 @@ def test_maybe_dup_flags_every_row_that_may_have_a_twin(store, tmp_path):
     E.export_shard(store, tmp_path / "x", row_group_rows=100)
     b_rows = {(r["request_id"], r["maybe_dup"]) for r in _read(tmp_path / "x", "ids") if r["vin"] == "B"}
     assert b_rows == {("r1", True), ("r2", False)}  # only the repeated request of B is flagged
+
+
+def test_topic_tables_are_exported_without_payloads_and_with_receipt_fields(store, tmp_path):
+    from storage.topics import RECEIPTS, TopicSpec
+
+    store.apply(WriteBatch().put_blob("d", b"B", T0).enqueue_many(["V1", "V2"], T0, "r1", "d")
+                .create_topic(TopicSpec.build("resp", "ecp/+/response", retention_ms=60_000), T0))
+    store.apply(WriteBatch().ack("V2", T0, "r1", T0 + 9).topic_append(
+        "resp", 7, T0 + 3, [("ecp/V1/response", "V1", 1, b"x" * 300, None), ("ecp/V1/response", "V1", 0, b"", None)])
+        .topic_commit("resp", "g", 7, 0, T0 + 4))
+    out = tmp_path / "x"
+    info = E.export_shard(store, out, row_group_rows=1)
+    assert info.rows["topic_log"] == 3 and info.rows["topics"] == 2 and info.rows["topic_offsets"] == 1
+    log = _read(out, "topic_log")
+    assert [(r["topic"], r["partition"], r["offset"], r["ts_ms"]) for r in log] == [
+        ("receipts", 3, 0, T0 + 9), ("resp", 7, 0, T0 + 3), ("resp", 7, 1, T0 + 3)]
+    assert {k: log[0][k] for k in ("request_id", "vin", "data_id", "status")} == {
+        "request_id": "r1", "vin": "V2", "data_id": "d", "status": "delivered"}
+    assert log[1]["request_id"] is None and log[1]["size"] > 300 > log[2]["size"]
+    assert "payload" not in log[0]
+    with store.snapshot_view() as view:
+        sizes = [len(v) for _, vs in view.raw_chunks("topic_log") for v in vs]
+    assert [r["size"] for r in log] == sizes
+    assert _read(out, "topic_offsets") == [{"topic": "resp", "group": "g", "partition": 7, "offset": 0,
+                                            "updated_ms": T0 + 4}]
+    catalog = {r["name"]: r for r in _read(out, "topics")}
+    assert catalog["receipts"]["retention_ms"] == RECEIPTS.retention_ms and catalog["receipts"]["created_ms"] is None
+    assert catalog["resp"]["retention_ms"] == 60_000 and catalog["resp"]["created_ms"] == T0

@@ -3,11 +3,14 @@ and going, PUBACKs, cancels, time passing, the GC expiry sweep and restarts (hyp
 
 Invariants: the store's per-request counters equal a recount of the ``reqs`` rows; no row of a request is
 handed to a node after its cancel started (even when a later trigger names it again: a cancel is final), nor
-at or after its expiry time.
+at or after its expiry time; each (request, VIN) outcome has exactly one receipt in the ``receipts`` topic; a
+replica fed every batch's bytes holds the same tables (receipts included) as the primary.
 """
 from __future__ import annotations
 
+import json
 import tempfile
+from collections import defaultdict
 
 from hypothesis import given, settings, strategies as st
 
@@ -15,7 +18,8 @@ from fanout.dispatcher.core import DispatcherCore
 from fanout.records import (
     AckEvent, BlobItem, ConnectEvent, DisconnectEvent, HeartbeatEvent, IngestItem, SubscribedEvent, join_vins,
 )
-from storage import ShardStore, request_stats, tables
+from storage import ShardStore, WriteBatch, request_stats, tables, topics
+from storage.replication_protocol import Ack, ReplicaApplier, table_digests
 
 from .test_request_stats import recount
 
@@ -43,17 +47,24 @@ class Run:
         self.path = path
         self.now = 1_000
         self.gen = 0
+        self.replica = ReplicaApplier(ShardStore(f"{path}-replica", 0, sync=False))
         self.core = self._open()
         self.online: dict[str, int] = {}  # vin -> generation
         self.inflight: dict[str, bytes] = {}  # vin -> row key handed to the node, not acknowledged
         self.expires: dict[str, int] = {}
         self.cancelled: set[str] = set()
 
+    def apply(self, batch: WriteBatch) -> None:
+        """The primary applies the batch, the replica the bytes replication would ship."""
+        seq = self.core.store.apply(batch).seq
+        assert self.replica.apply(1, seq, batch.to_bytes()) == Ack(seq)
+
     def _open(self) -> DispatcherCore:
         store = ShardStore(self.path, 0, sync=False)
         core = DispatcherCore(store, 0, 1, started_ms=self.now)
+        self.core = core
         if store.get_meta("d") is None:
-            store.apply(core.blob_batch([BlobItem.build("d", b"B", 1)]))
+            self.apply(core.blob_batch([BlobItem.build("d", b"B", 1)]))
         core.blobs_stored([BlobItem.build("d", b"B", 1)])
         return core
 
@@ -62,7 +73,7 @@ class Run:
         core.drain(self.now)
         taken = core.take_deletes(self.now)
         if taken is not None:
-            core.store.apply(taken[0])
+            self.apply(taken[0])
             core.deletes_applied(taken[1])
         for node in core.nodes_with_output():
             sends, _payloads, _kicks, _props = core.take_node_batch(node)
@@ -77,7 +88,7 @@ class Run:
         if kind == "ingest":
             _, rid, vins, ttl = op
             batch, _results, vin_lists = core.ingest_batch([IngestItem.build(rid, "d", join_vins(vins), self.now, ttl)])
-            core.store.apply(batch)
+            self.apply(batch)
             if ttl:
                 self.expires[rid] = self.now + ttl
             for vl in vin_lists:
@@ -96,14 +107,14 @@ class Run:
             core.apply_events("n0", [AckEvent.build(op[1], self.online[op[1]], self.inflight.pop(op[1]))])
         elif kind == "cancel":
             self.cancelled.add(op[1])
-            core.store.apply(core.begin_cancel(op[1], self.now))
+            self.apply(core.begin_cancel(op[1], self.now))
             core.end_cancel(op[1])
         elif kind == "wait":
             self.now += op[1]
         elif kind == "sweep":
             taken = core.lifecycle.sweep_batch(self.now)
             if taken is not None:
-                core.store.apply(taken[0])
+                self.apply(taken[0])
                 core.lifecycle.swept(taken[1])
         elif kind == "restart":
             core.store.close()
@@ -127,5 +138,35 @@ def test_counters_equal_the_rows_and_nothing_cancelled_or_expired_is_sent(ops):
             assert kept == recount(store)
             for rid in run.cancelled:
                 assert (store.request_counters(rid) or {}).get(tables.STATUS_PENDING, 0) == 0
+            check_receipts(store)
+            assert table_digests(store) == table_digests(run.replica.store)
         finally:
             run.core.store.close()
+            run.replica.store.close()
+
+
+def check_receipts(store: ShardStore) -> None:
+    """One receipt per outcome: none for a pending row (a request's VIN is never queued twice here: one blob);
+    for a settled row its statuses are distinct and the last is the row's, with the row's time; only a late
+    PUBACK (``delivered`` after ``cancelled``/``expired``) makes a second outcome."""
+    low, nxt = store.topic_bounds(topics.RECEIPTS_NAME, 0)
+    entries = store.topic_read(topics.RECEIPTS_NAME, 0, 0, 100_000)
+    assert low == 0 and [e.offset for e in entries] == list(range(nxt))
+    by_row: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for e in entries:
+        receipt = json.loads(e.payload)
+        assert e.mqtt_topic == topics.RECEIPTS_TOPIC_PREFIX + receipt["vin"] and e.qos == 1 and e.client_id == ""
+        assert e.ts_ms == receipt["ts_ms"] and receipt["data_id"] == "d"
+        by_row[receipt["request_id"], receipt["vin"]].append(receipt)
+    rows = {(r["request_id"], r["vin"]): r for r in store.scan(tables.REQS, limit=100_000)[0]}
+    assert set(by_row) <= set(rows)
+    for key, row in rows.items():
+        statuses = [r["status"] for r in by_row.get(key, [])]
+        if row["status"] == tables.STATUS_PENDING:
+            assert statuses == [], (key, statuses)
+            continue
+        assert len(set(statuses)) == len(statuses) and statuses[-1] == row["status"], (key, statuses)
+        assert by_row[key][-1]["ts_ms"] == row["delivered_ts_ms"]
+        assert statuses[:-1] in ([], [tables.STATUS_CANCELLED], [tables.STATUS_EXPIRED]), (key, statuses)
+        if len(statuses) == 2:
+            assert statuses[-1] == tables.STATUS_DELIVERED

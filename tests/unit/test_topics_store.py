@@ -9,7 +9,7 @@ import lmdb
 import pytest
 from structlog.testing import capture_logs
 
-from storage import ShardStore, WriteBatch, tables, topics
+from storage import ShardStore, StoreError, WriteBatch, tables, topics
 from storage.replication_protocol import Ack, ReplicaApplier
 from storage.topics import RECEIPTS, LogEntry, TopicSpec
 
@@ -248,6 +248,8 @@ def test_an_old_store_gets_empty_topic_tables_at_open(tmp_path):
     with env.begin(write=True) as txn:
         txn.put(tables.SYS_SHARD_ID, tables.pack(0), db=handles[tables.SYS])
     env.close()
+    with pytest.raises(StoreError, match="written before table 'topics' existed: open it once writable"):
+        open_store(path, readonly=True)
     s = open_store(path)
     assert s.topic_specs() == {"receipts": RECEIPTS}
     assert append(s, 2).topic_offsets == [("resp", 0, 0, 1)]
@@ -283,3 +285,27 @@ def test_outcome_ops_estimate_their_receipts(tmp_path):
     assert s.topic_bounds("receipts", 0) == (0, 20_000)
     assert acks.space_estimate()[0] >= s.stats()["used_bytes"] - used_before
     s.close()
+
+
+def test_envelope_properties_from_an_mqtt5_properties_object(store):
+    from fanout.mqtt.properties import Properties
+
+    props = Properties(user_properties=(("a", "1"), ("a", "2")), content_type="text/plain", correlation_data=b"\x00",
+                       payload_format_indicator=1, response_topic="r/1", message_expiry_interval=30)
+    kept = topics.envelope_properties(props)
+    assert kept == [["user_property", ["a", "1"]], ["user_property", ["a", "2"]], ["content_type", "text/plain"],
+                    ["payload_format_indicator", 1], ["response_topic", "r/1"], ["correlation_data", b"\x00"]]
+    store.apply(WriteBatch().topic_append("resp", 0, T0, [("a/b", "c", 1, b"", kept)]))
+    assert store.topic_read("resp", 0, 0, 1)[0].properties == kept
+    assert topics.envelope_properties(None) is None and topics.envelope_properties(Properties()) is None
+
+
+def test_read_many_in_one_transaction_and_the_partitions_of_a_topic(store):
+    append(store, 5)
+    append(store, 3, partition=4)
+    append(store, 2, topic="resp2")
+    store.apply(WriteBatch().topic_prune_if("resp", 0, 2))
+    got = store.topic_read_many([("resp", 0, 0, 2), ("resp", 4, 1, 10), ("resp", 9, 0, 10)])
+    assert [[e.offset for e in part] for part in got] == [[2, 3], [1, 2], []]
+    assert store.topic_partitions("resp") == {0: (2, 5), 4: (0, 3)}
+    assert store.topic_partitions("resp2") == {0: (0, 2)} and store.topic_partitions("nope") == {}
