@@ -109,12 +109,16 @@ class Inbound5:
                 self._disconnect(conn, RC.RECEIVE_MAXIMUM_EXCEEDED,
                                  f"more than Receive Maximum {self._receive_maximum} unacknowledged (MQTT-3.3.4-8)")
                 return
-        if over_limits(topic, self._max_levels, self._max_length) is not None:
-            self._inbound.acl_allows(conn, topic)  # counts the bound hit
-            st.pub_denied += 1
-            self._ack(conn, qos, p.packet_id, RC.TOPIC_NAME_INVALID)
-            return
-        if not self._inbound.acl_allows(conn, topic):
+        cache = conn.acl_cache
+        allowed = cache.get(topic) if cache is not None else None  # a cached topic is within the bounds
+        if allowed is None:
+            if over_limits(topic, self._max_levels, self._max_length) is not None:
+                self._inbound.acl_allows(conn, topic)  # counts the bound hit
+                st.pub_denied += 1
+                self._ack(conn, qos, p.packet_id, RC.TOPIC_NAME_INVALID)
+                return
+            allowed = self._inbound.acl_allows(conn, topic)
+        if not allowed:
             st.pub_denied += 1
             self._ack(conn, qos, p.packet_id, RC.NOT_AUTHORIZED)
             return
