@@ -141,7 +141,8 @@ class Inbound5:
         n = self._delivery.route(topic, p.payload, qos, p.retain, msg, conn.client_id)
         if qos:
             # 0x10 only when this broker alone decides: forwarded to other nodes, it may have subscribers there
-            self._ack(conn, qos, p.packet_id, 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS)
+            code = 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS
+            st.write(conn, encode_puback5(p.packet_id, code) if qos == 1 else encode_pubrec5(p.packet_id, code))
 
     def on_pubrec(self, conn: Connection, p: Pubrec5) -> None:
         if p.reason_code < 0x80:

@@ -99,9 +99,12 @@ def is_alias_only(props: Properties) -> bool:
     return alias is not None and alias < ALIAS_ONLY_INTERNED and _alias_only[alias] is props
 
 
+_ALIAS_PROPERTY = tuple(b"\x23" + a.to_bytes(2, "big") for a in range(ALIAS_ONLY_INTERNED))
+
+
 def topic_alias_property(alias: int) -> bytes:
     """The encoded Topic Alias property (``23 <alias>``), to prepend to a shared properties body."""
-    return b"\x23" + alias.to_bytes(2, "big")
+    return _ALIAS_PROPERTY[alias] if alias < ALIAS_ONLY_INTERNED else b"\x23" + alias.to_bytes(2, "big")
 
 
 def subscription_identifier_property(identifier: int) -> bytes:
