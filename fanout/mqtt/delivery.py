@@ -216,7 +216,7 @@ class Delivery:
                         chunks = (data,)
                     s.inflight[pid] = OutMsg(topic, payload, q, False, None, False, None)
                     s.bytes += size
-                    out = c.out
+                    out = c.out  # BrokerState.write inlined, as in the 3.1.1 branch below
                     if not out:
                         if not dirty:
                             st.wake()

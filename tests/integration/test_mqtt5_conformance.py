@@ -65,7 +65,8 @@ def test_request_response_round_trip_with_paho5(broker, paho5):
         responder.publish(req.properties.ResponseTopic, b"response %d" % n, 1,
                           properties=pub_props(CorrelationData=req.properties.CorrelationData))
         resp = requester.get()
-        assert (resp.topic, resp.payload, resp.properties.CorrelationData) == ("reply/requester", b"response %d" % n, corr)
+        assert (resp.topic, resp.payload, resp.properties.CorrelationData) == (
+            "reply/requester", b"response %d" % n, corr)
         assert not hasattr(resp.properties, "ResponseTopic")
     requester.expect_nothing()
     responder.expect_nothing()

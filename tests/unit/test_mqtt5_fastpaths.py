@@ -99,7 +99,8 @@ def test_aliased_receivers_get_the_messages_properties_and_remaining_expiry():
     pub = c5(net)
     pub.connect5("p")
     props = Properties(content_type="text/plain", user_properties=(("k", "1"), ("k", "2")), message_expiry_interval=30)
-    pub.send(Publish5("t", b"a", 1, packet_id=1, properties=props), Publish5("t", b"b", 1, packet_id=2, properties=props))
+    pub.send(Publish5("t", b"a", 1, packet_id=1, properties=props),
+             Publish5("t", b"b", 1, packet_id=2, properties=props))
     for s in subs:
         got = publishes(s.take())
         assert [(p.topic, p.properties.topic_alias, p.payload) for p in got] == [("t", 1, b"a"), ("", 1, b"b")]
