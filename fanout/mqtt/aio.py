@@ -58,6 +58,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 _monotonic = time.monotonic
 WRITE_STALL_MS = 2000  # a write buffer over the bound that drains nothing for this long: the client does not read
+LINGER_S = 2.0  # a connection the broker closed reads (and discards) the client's input this long at most
 
 
 def _now_ms() -> int:
@@ -236,7 +237,8 @@ class _WebSocketProtocol(_MQTTProtocol):
 
 
 class _LingeringClose(asyncio.Protocol):
-    """Takes over a transport the broker closed during :meth:`MQTTServer.stop`: half-close, then drain.
+    """Takes over a transport the broker closed (a protocol error, a refusing CONNACK, a takeover, a stop):
+    half-close, then drain.
 
     Why: ``transport.close()`` stops reading at once, so the PUBACKs a subscriber keeps sending while
     its last messages are flushed pile up unread; closing a socket with unread input makes the kernel
@@ -258,6 +260,11 @@ class _LingeringClose(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._inner.connection_lost(exc)
+
+
+def _abort_lingering(t: Any) -> None:
+    if not t.is_closing():
+        t.abort()
 
 
 class MQTTServer:
@@ -445,11 +452,25 @@ class MQTTServer:
                             self._write_buffer_full(conn, buffered)
                             continue
             if conn.state >= CLOSED:
-                if self._lingering and not t.is_closing() and t.can_write_eof():
-                    t.set_protocol(_LingeringClose(t.get_protocol()))
-                    t.write_eof()
+                if not t.is_closing() and t.can_write_eof():
+                    self._linger(t)
                 else:
                     t.close()
+
+    def _linger(self, t: Any) -> None:
+        """Close a transport the broker closed by half-closing it and draining the client's input.
+
+        Why: a client that is still sending when the broker closes (PUBRELs for the PUBRECs before a
+        DISCONNECT 0x93, PUBACKs during a stop) would make the kernel answer RST, which discards the
+        DISCONNECT or CONNACK with the reason code before the client reads it. Outside a stop the drain
+        lasts :data:`LINGER_S` at most, then the transport is aborted.
+        """
+        t.set_protocol(_LingeringClose(t.get_protocol()))
+        t.write_eof()
+        if not t.is_reading():
+            t.resume_reading()  # paused by back-pressure or a pending login: still drain
+        if not self._lingering and self._loop is not None:
+            self._loop.call_later(LINGER_S, _abort_lingering, t)
 
     @staticmethod
     def _apply_read_changes(changes: dict[Connection, bool]) -> None:

@@ -32,7 +32,7 @@ from .packets5 import (
     Pubrel5, Suback5, Subscribe5, Subscription, Unsuback5, Unsubscribe5, Will5,
 )
 from .properties import EMPTY_PROPERTIES, PropertyHolder
-from .property_block import properties_at
+from .property_block import ALIAS_ONLY_INTERNED, alias_only_properties, properties_at
 from .reason_codes import (
     AUTH_REASON_CODES, CONNACK_REASON_CODES, DISCONNECT_REASON_CODES, PUBACK_REASON_CODES,
     PUBCOMP_REASON_CODES, PUBREC_REASON_CODES, PUBREL_REASON_CODES, SUBACK_REASON_CODES,
@@ -166,11 +166,15 @@ def _d_publish5(buf: bytes, first: int, pos: int, stop: int) -> Publish5:
         pid = None
     if p >= stop:
         raise MalformedPacket("PUBLISH: property length missing (MQTT-2.2.2-1)")
-    if buf[p]:
-        props, p = properties_at(buf, p, stop, H.PUBLISH, "PUBLISH")
-    else:
+    if not buf[p]:
         props = EMPTY_PROPERTIES
         p += 1
+    elif buf[p] == 3 and p + 4 <= stop and buf[p + 1] == 0x23 \
+            and 0 < (alias := (buf[p + 2] << 8) | buf[p + 3]) < ALIAS_ONLY_INTERNED:
+        props = alias_only_properties(alias)  # a Topic Alias alone: the aliased PUBLISH of every stream
+        p += 4
+    else:
+        props, p = properties_at(buf, p, stop, H.PUBLISH, "PUBLISH")
     try:
         topic = buf[pos + 2:tend].decode("utf-8")
     except UnicodeDecodeError:

@@ -35,11 +35,12 @@ from typing import Any, Hashable, Iterable
 
 import structlog
 
-from .codec import encode_publish, encode_pubrel
+from .codec import encode_publish, encode_publish5, encode_pubrel
 from .connection import Connection
 from .hooks import Delivered, DeliveryDropped, DeliverStatus, LocalPublish
-from .fanout5 import fanout5
+from .fanout5 import fanout5, publish_parts
 from .message5 import MsgProps, message_props, out_publish, publish_bytes
+from .property_block import topic_alias_property
 from .packets import Puback, Pubcomp, Pubrec
 from .session import SENT, OutMsg, Session
 from .state import BrokerState
@@ -167,11 +168,62 @@ class Delivery:
         sent = 0
         dropped = 0
         batch5: list[tuple[Session, int]] | None = None
+        parts5: dict[tuple[int, int], tuple[bytes, bytes, int]] | None = None  # (QoS, alias) -> fanout5's parts
         for cid, granted in subs.items():
             s = sessions.get(cid)
             if s is None:
                 continue
             if s.opts is not None or props is not None:
+                c = s.conn
+                q = granted if granted < qos else qos
+                if (props is None and q and not s.opts and c is not None and (link := c.v5) is not None
+                        and not s.queue and len(s.inflight) < s.inflight_cap
+                        and (s.bytes + size <= max_bytes or not s.bytes)
+                        and ((alias := link.out_aliases.get(topic, 0)) or not link.out_alias_maximum)):
+                    # A plain MQTT 5 receiver (no subscription options; no outbound aliases, or one it already
+                    # holds for this topic) of a message without properties, window open: what fanout5
+                    # sends it, inlined as for 3.1.1.
+                    limit = link.maximum_packet_size
+                    if many:
+                        if parts5 is None:
+                            parts5 = {}
+                        part = parts5.get((q, alias))
+                        if part is None:
+                            part = parts5[q, alias] = publish_parts(b"" if alias else tb, payload, q, True, None,
+                                                                    st.now, alias)
+                        if limit is not None and part[2] > limit:
+                            if alias:  # as fanout5: give5 sends nothing and counts it
+                                self.give5(s, topic, payload, qos, granted, None, sender, published_retain)
+                                continue
+                            st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
+                            continue
+                        inflight = s.inflight
+                        pid = s.last_pid + 1
+                        if pid > 0xFFFF or pid in inflight:
+                            pid = s.alloc_pid()
+                        else:
+                            s.last_pid = pid
+                        chunks: tuple[bytes, ...] = (part[0], _U16(pid), part[1])
+                    else:
+                        pid = s.alloc_pid()
+                        data = (encode_publish5(b"", payload, q, False, False, pid, topic_alias_property(alias))
+                                if alias else encode_publish5(tb, payload, q, False, False, pid, b""))
+                        if limit is not None and len(data) > limit:
+                            st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
+                            if alias:
+                                st.pub_dropped += 1  # as give5 -> send_msg -> _discard counts it
+                            continue
+                        chunks = (data,)
+                    s.inflight[pid] = OutMsg(topic, payload, q, False, None, False, None)
+                    s.bytes += size
+                    out = c.out  # BrokerState.write inlined, as in the 3.1.1 branch below
+                    if not out:
+                        if not dirty:
+                            st.wake()
+                        dirty.append(c)
+                    out.extend(chunks)
+                    sent += 1
+                    continue
                 if batch5 is None:
                     batch5 = []
                 batch5.append((s, granted))  # MQTT 5 session, or a message with properties: fanout5 below

@@ -6,8 +6,11 @@ Identifier, RETAIN 0, the trie's granted QoS), no topic aliases on their connect
 differs only in its packet id, as in the 3.1.1 path: it is encoded once per (QoS, protocol version) into
 the bytes before the packet id and the bytes after it, and every recipient gets ``head | pid | tail``
 (joined at flush). The Message Expiry is decided once for the whole batch (one clock reading), and a
-recipient whose Maximum Packet Size the packet exceeds is skipped (MQTT-3.1.2-25). Every other recipient
-(options, aliases, offline, window full) goes through :meth:`Delivery.give5`, one by one.
+recipient whose Maximum Packet Size the packet exceeds is skipped (MQTT-3.1.2-25). A receiver that already
+has a Topic Alias for the topic shares the parts of every receiver with the same alias number (empty topic,
+the alias first in the property block); one whose maximum is used up gets the topic in full like the others.
+Every other recipient (options, the first PUBLISH of a topic that sets its alias, offline, window full) goes
+through :meth:`Delivery.give5`, one by one.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Any
 from .encoder import encode_publish, encode_varint
 from .encoder5 import encode_publish5
 from .message5 import MsgProps
-from .property_block import message_expiry_property
+from .property_block import message_expiry_property, topic_alias_property
 from .session import OutMsg
 
 _U16 = struct.Struct(">H").pack
@@ -32,15 +35,16 @@ def _body(props: MsgProps | None, now_ms: int) -> bytes:
     return message_expiry_property(props.remaining_s(now_ms)) + props.body
 
 
-def _parts(tb: bytes, payload: bytes, qos: int, v5: bool, props: MsgProps | None, now_ms: int
-           ) -> tuple[bytes, bytes, int]:
+def publish_parts(tb: bytes, payload: bytes, qos: int, v5: bool, props: MsgProps | None, now_ms: int,
+                  alias: int = 0) -> tuple[bytes, bytes, int]:
     """(bytes before the packet id, bytes after it, whole size) of a QoS 1/2 PUBLISH, or for QoS 0
-    (the whole packet, b"", size)."""
+    (the whole packet, b"", size). ``alias``: an MQTT 5 Topic Alias the receiver already knows (``tb``
+    is then empty), sent first in the property block as :func:`~fanout.mqtt.message5.publish_bytes` does."""
     if not v5:
         full = encode_publish(tb, payload, qos, False, False, 1 if qos else None)
         after = payload
     else:
-        body = _body(props, now_ms)
+        body = topic_alias_property(alias) + _body(props, now_ms) if alias else _body(props, now_ms)
         full = encode_publish5(tb, payload, qos, False, False, 1 if qos else None, body)
         after = full[len(full) - len(payload) - len(body) - len(encode_varint(len(body))):]  # property length on
     if not qos:
@@ -66,7 +70,7 @@ def fanout5(d: Any, topic: str, payload: bytes, qos: int, recipients: list[tuple
         return
     give5 = d.give5
     tb = topic.encode("utf-8")
-    parts: dict[tuple[int, bool], tuple[bytes, bytes, int]] = {}
+    parts: dict[tuple[int, bool, int], tuple[bytes, bytes, int]] = {}  # (QoS, MQTT 5, alias) -> parts
     dirty = st.dirty
     size = len(topic) + len(payload)  # OutMsg.size
     max_bytes = st.limits.max_bytes
@@ -74,10 +78,17 @@ def fanout5(d: Any, topic: str, payload: bytes, qos: int, recipients: list[tuple
     single = len(recipients) == 1
     for s, granted in recipients:
         c = s.conn
-        link = c.v5 if c is not None else None
-        if s.opts or c is None or (link is not None and link.out_alias_maximum):
+        if s.opts or c is None:
             give5(s, topic, payload, qos, granted, props, sender, published_retain)
             continue
+        link = c.v5
+        alias = 0
+        if link is not None and link.out_alias_maximum:
+            aliases = link.out_aliases
+            alias = aliases.get(topic, 0)
+            if not alias and len(aliases) < link.out_alias_maximum:
+                give5(s, topic, payload, qos, granted, props, sender, published_retain)  # sets the alias
+                continue
         q = granted if granted < qos else qos
         if q and (s.queue or len(s.inflight) >= s.inflight_cap or (s.bytes + size > max_bytes and s.bytes)):
             give5(s, topic, payload, qos, granted, props, sender, published_retain)  # queued there
@@ -86,7 +97,7 @@ def fanout5(d: Any, topic: str, payload: bytes, qos: int, recipients: list[tuple
             st.pub_dropped += 1
             continue
         limit = link.maximum_packet_size if link is not None else None
-        if single and q:  # one recipient: encode once with its packet id, nothing to share
+        if single and q and not alias:  # one recipient: encode once with its packet id, nothing to share
             pid = s.alloc_pid()
             data = (encode_publish(tb, payload, q, False, False, pid) if link is None
                     else encode_publish5(tb, payload, q, False, False, pid, _body(props, now)))
@@ -95,11 +106,15 @@ def fanout5(d: Any, topic: str, payload: bytes, qos: int, recipients: list[tuple
                 continue
             chunks: tuple[bytes, ...] = (data,)
         else:
-            key = (q, link is not None)
+            key = (q, link is not None, alias)
             p = parts.get(key)
             if p is None:
-                p = parts[key] = _parts(tb, payload, q, link is not None, props, now)
+                p = parts[key] = publish_parts(b"" if alias else tb, payload, q, link is not None, props, now,
+                                               alias)
             if limit is not None and p[2] > limit:
+                if alias:
+                    give5(s, topic, payload, qos, granted, props, sender, published_retain)  # counted there
+                    continue
                 st.too_large_dropped += 1  # MQTT-3.1.2-25: discarded as if sent
                 continue
             if not q:
@@ -126,4 +141,4 @@ def fanout5(d: Any, topic: str, payload: bytes, qos: int, recipients: list[tuple
         st.pub_sent += sent
 
 
-__all__ = ["fanout5"]
+__all__ = ["fanout5", "publish_parts"]

@@ -109,12 +109,16 @@ class Inbound5:
                 self._disconnect(conn, RC.RECEIVE_MAXIMUM_EXCEEDED,
                                  f"more than Receive Maximum {self._receive_maximum} unacknowledged (MQTT-3.3.4-8)")
                 return
-        if over_limits(topic, self._max_levels, self._max_length) is not None:
-            self._inbound.acl_allows(conn, topic)  # counts the bound hit
-            st.pub_denied += 1
-            self._ack(conn, qos, p.packet_id, RC.TOPIC_NAME_INVALID)
-            return
-        if not self._inbound.acl_allows(conn, topic):
+        cache = conn.acl_cache
+        allowed = cache.get(topic) if cache is not None else None  # a cached topic is within the bounds
+        if allowed is None:
+            if over_limits(topic, self._max_levels, self._max_length) is not None:
+                self._inbound.acl_allows(conn, topic)  # counts the bound hit
+                st.pub_denied += 1
+                self._ack(conn, qos, p.packet_id, RC.TOPIC_NAME_INVALID)
+                return
+            allowed = self._inbound.acl_allows(conn, topic)
+        if not allowed:
             st.pub_denied += 1
             self._ack(conn, qos, p.packet_id, RC.NOT_AUTHORIZED)
             return
@@ -145,7 +149,8 @@ class Inbound5:
         n = self._delivery.route(topic, p.payload, qos, p.retain, msg, conn.client_id)
         if qos:
             # 0x10 only when this broker alone decides: forwarded to other nodes, it may have subscribers there
-            self._ack(conn, qos, p.packet_id, 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS)
+            code = 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS
+            st.write(conn, encode_puback5(p.packet_id, code) if qos == 1 else encode_pubrec5(p.packet_id, code))
 
     def on_pubrec(self, conn: Connection, p: Pubrec5) -> None:
         if p.reason_code < 0x80:

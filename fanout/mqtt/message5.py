@@ -31,7 +31,8 @@ from .encoder import encode_publish
 from .encoder5 import encode_publish5
 from .properties import EMPTY_PROPERTIES, Properties, unchecked_properties
 from .property_block import (
-    encode_properties_body, message_expiry_property, subscription_identifier_property, topic_alias_property,
+    encode_properties_body, is_alias_only, message_expiry_property, subscription_identifier_property,
+    topic_alias_property,
 )
 
 
@@ -85,7 +86,7 @@ def message_props(props: Properties, now_ms: int) -> MsgProps | None:
         props: the properties as decoded.
         now_ms: the broker's clock (the expiry deadline is relative to it).
     """
-    if props is EMPTY_PROPERTIES:
+    if props is EMPTY_PROPERTIES or is_alias_only(props):
         return None
     expiry = props.message_expiry_interval
     kept = props

@@ -79,9 +79,32 @@ def encode_properties(props: Properties) -> bytes:
     return encode_varint(len(body)) + body
 
 
+ALIAS_ONLY_INTERNED = 1024  # aliases 1..1023 alone in a PUBLISH's properties share one Properties each
+_alias_only: list[Properties | None] = [None] * ALIAS_ONLY_INTERNED
+
+
+def alias_only_properties(alias: int) -> Properties:
+    """The Properties of a PUBLISH that carries only Topic Alias ``alias`` (1..1023): one immutable value
+    per alias, so the decoder builds nothing for the common aliased PUBLISH and :func:`is_alias_only`
+    recognises it by identity."""
+    props = _alias_only[alias]
+    if props is None:
+        props = _alias_only[alias] = EMPTY_PROPERTIES._replace(topic_alias=alias)
+    return props
+
+
+def is_alias_only(props: Properties) -> bool:
+    """True when ``props`` is the interned value of :func:`alias_only_properties` (nothing to forward)."""
+    alias = props.topic_alias
+    return alias is not None and alias < ALIAS_ONLY_INTERNED and _alias_only[alias] is props
+
+
+_ALIAS_PROPERTY = tuple(b"\x23" + a.to_bytes(2, "big") for a in range(ALIAS_ONLY_INTERNED))
+
+
 def topic_alias_property(alias: int) -> bytes:
     """The encoded Topic Alias property (``23 <alias>``), to prepend to a shared properties body."""
-    return b"\x23" + alias.to_bytes(2, "big")
+    return _ALIAS_PROPERTY[alias] if alias < ALIAS_ONLY_INTERNED else b"\x23" + alias.to_bytes(2, "big")
 
 
 def subscription_identifier_property(identifier: int) -> bytes:

@@ -8,7 +8,7 @@ from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.connection import CONNECTED
 from fanout.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Publish, Subscribe
 from fanout.mqtt.packets5 import (
-    Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5, Subscribe5,
+    Auth5, Connack5, Connect5, Disconnect5, Puback5, Pubcomp5, Publish5, Pubrec5, Pubrel5, Suback5, Subscribe5,
     Subscription, Unsuback5, Unsubscribe5, Will5,
 )
 from fanout.mqtt.properties import EMPTY_PROPERTIES, Properties
@@ -111,6 +111,14 @@ def test_refusals_carry_mqtt5_reason_codes():
     c = c5(net)
     c.send(Connect5("a", properties=Properties(authentication_method="SCRAM-SHA-1")))
     assert c.take()[0].reason_code == RC.BAD_AUTHENTICATION_METHOD and c.closed
+
+
+def test_auth_without_an_authentication_method_is_a_protocol_error(net):
+    # 4.12: an AUTH from a client whose CONNECT named no Authentication Method is a Protocol Error
+    c = c5(net)
+    assert c.connect5("no-method").reason_code == RC.SUCCESS
+    c.send(Auth5(RC.CONTINUE_AUTHENTICATION, Properties(authentication_method="SCRAM-SHA-1")))
+    assert disconnects(c.take()) == [RC.PROTOCOL_ERROR] and c.closed
 
 
 def test_bad_password_is_0x86():
