@@ -40,6 +40,7 @@ import structlog
 
 from fanout import log as fanout_log
 from fanout.dispatcher.core import DispatcherCore
+from fanout.dispatcher.topic_groups import group_bounds
 from fanout.records import pack_batch, unpack_batch
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
@@ -55,6 +56,7 @@ log = structlog.get_logger(__name__)
 GC_THRESHOLDS = (50_000, 50, 100)
 
 MAX_CALLS_PER_NODE = 4
+TOPIC_GROUP_POLL_S = 0.01  # how soon a consumer group member hears of an append (fanout.dispatcher.topic_groups)
 MAX_SENDS_PER_CALL = 2000  # a bigger backlog goes out in several pipelined calls: the first lands sooner
 
 
@@ -86,7 +88,7 @@ class Dispatcher:
         path = Path((replication or {}).get("path") or Path(data_dir) / f"shard-{shard}")  # a promoted replica's dir
         self.store = ShardStore(path, shard, map_size_bytes=st.map_size_bytes,
                                 max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
-        self.core = DispatcherCore(self.store, shard, shards)
+        self.core = DispatcherCore(self.store, shard, shards, group_bounds=group_bounds(config))
         self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
         self._tick_s = config.fanout.tick_ms / 1000.0
@@ -103,6 +105,8 @@ class Dispatcher:
         self._controller = controller
         loop = asyncio.get_event_loop()
         self._task = loop.create_task(self._run())
+        self._groups_task = loop.create_task(self._topic_groups_loop())
+        self._committing = False
         self._recovery: asyncio.Task | None = None
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._recovery = loop.create_task(self._recover())
@@ -411,6 +415,7 @@ class Dispatcher:
             if taken is not None:
                 self._deleting = True
                 asyncio.get_running_loop().create_task(self._write_deletes(*taken))
+        self._topic_group_commits(now)
         for node in core.nodes_with_output():
             if self._calls.get(node, 0) >= MAX_CALLS_PER_NODE:
                 continue  # pipelined into the next call
@@ -448,8 +453,38 @@ class Dispatcher:
         except Exception:
             log.exception("deliver call failed", node=node, shard=self.shard, sends=len(sends))
             self.core.call_failed(node, sends)
+            self.core.topic_groups.call_failed(batch[4] if len(batch) > 4 else [])
         finally:
             self._calls[node] -= 1
+            self._kick()
+
+    # -- consumer groups of durable topics (fanout.dispatcher.topic_groups) -------------------------------------
+
+    async def _topic_groups_loop(self) -> None:
+        """While some group has a member here, tick every TOPIC_GROUP_POLL_S: appends reach the log through
+        this shard's writer from anywhere, and the tick is where the groups learn of them."""
+        while not self._closed:
+            await asyncio.sleep(TOPIC_GROUP_POLL_S)
+            if self.core.topic_groups.active:
+                self._wake.set()
+
+    def _topic_group_commits(self, now_ms: int) -> None:
+        """The tick's group commits: one WriteBatch, one ``topic_commit`` per moved group partition."""
+        if self._committing:
+            return
+        taken = self.core.topic_groups.commit_batch(now_ms)
+        if taken is not None:
+            self._committing = True
+            asyncio.get_running_loop().create_task(self._write_topic_commits(*taken))
+
+    async def _write_topic_commits(self, batch: WriteBatch, items: list) -> None:
+        try:
+            await self._write(batch)
+        except Exception:
+            log.exception("consumer group commit failed", shard=self.shard, commits=len(items))
+            self.core.topic_groups.commits_failed(items)
+        finally:
+            self._committing = False
             self._kick()
 
 

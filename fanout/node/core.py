@@ -49,6 +49,7 @@ from fanout.node.delivery_props import BatchProps
 from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
 from fanout.node.event_batching import EventBatching
 from fanout.node.ingest_rounds import IngestRounds, ShardLink
+from fanout.node.topic_groups import NodeGroups, durable_filters
 from fanout.request_control import Reply, replies_topic
 from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
 from fanout.records import (
@@ -122,6 +123,8 @@ class NodeCore(BrokerHooks):
         # events call in flight, per shard (see events_done)
         self._registering: dict[int, list[tuple[str, int]]] = {}
         self._registering_sent: dict[int, list[tuple[str, int]]] = {}
+        self.groups = NodeGroups(self.shards, self._emit, max_groups_per_client=config.fanout.topic_groups_per_client
+                                 if config is not None else 16, filters=durable_filters(config))
 
     def attach(self, broker: Any) -> None:
         """Give the edge its broker (created with this object as ``hooks``).
@@ -135,6 +138,10 @@ class NodeCore(BrokerHooks):
             broker.hold_connacks(_reports_to_dispatchers)
         if broker.state.shared is not None:  # MQTT 5 shared groups: one member per message cluster-wide
             self.routes.join_shared(broker.state.shared, lambda: broker.state.now, self._wake)
+
+    def claims_shared(self, group: str, inner: str) -> bool:
+        """A durable topic's ``$share`` subscription is a consumer group (:mod:`fanout.node.topic_groups`)."""
+        return self.groups.claims(group, inner)
 
     def route_announcement(self, now_ms: int) -> tuple[list[str], list[str], bool, dict[str, int] | None] | None:
         """What to announce to every peer now (:meth:`PeerRoutes.full_announcement`)."""
@@ -167,6 +174,8 @@ class NodeCore(BrokerHooks):
                     out[sh].append(ack(e.client_id, entry[1], e.tag))
                     pending.add(sh)
                     self.delivered += 1
+                elif entry is not None and type(e.tag) is tuple:
+                    self.groups.delivered(e.client_id, entry[1], e.tag)
             elif t is Heartbeat:
                 self._heartbeat(e)
             elif t is LocalPublish:
@@ -187,6 +196,8 @@ class NodeCore(BrokerHooks):
                 entry = live.get(e.client_id)
                 if entry is not None and type(e.tag) is bytes:
                     self._emit(entry[2], FailedEvent.build(e.client_id, entry[1], e.tag, e.too_large))
+                elif entry is not None and type(e.tag) is tuple:
+                    self.groups.dropped(e.client_id, entry[1], e.tag, e.too_large)
         if woke or pending:
             self._wake()
 
@@ -210,6 +221,7 @@ class NodeCore(BrokerHooks):
         # a client squatting a VIN on another node cannot kick the vehicle; takeover stays node-local).
         is_vin = _reports_to_dispatchers(cid, e)  # the event carries the principal's vehicle flag
         self._live[cid] = (e.generation, gen, shard, is_vin)
+        self.groups.connected(cid, gen, self.broker.session_of(cid) if e.session_present and self.broker else None)
         if not is_vin:
             self._cover.pop(cid, None)
             return
@@ -234,6 +246,7 @@ class NodeCore(BrokerHooks):
             return  # an older connection of a client id that already reconnected here
         del self._live[cid]
         self._cover.pop(cid, None)
+        self.groups.disconnected(cid, entry[1], self.broker.session_of(cid) if self.broker is not None else None)
         if not e.session_kept:
             self.routes.mark_dirty()
         if entry[3]:
@@ -242,6 +255,8 @@ class NodeCore(BrokerHooks):
     def _subscribed(self, e: Subscribed) -> None:
         self.routes.mark_dirty()
         entry = self._live.get(e.client_id)
+        if entry is not None and entry[0] == e.generation:
+            self._group_subscribed(e, entry[1])
         if entry is None or entry[0] != e.generation or not entry[3]:
             return
         new = self._covering(e.client_id, (f for f, _q in e.filters))
@@ -257,6 +272,8 @@ class NodeCore(BrokerHooks):
     def _unsubscribed(self, e: Unsubscribed) -> None:
         self.routes.mark_dirty()
         entry = self._live.get(e.client_id)
+        if entry is not None and entry[0] == e.generation:
+            self.groups.unsubscribed(e.client_id, entry[1], e.filters)
         have = self._cover.get(e.client_id)
         if entry is None or entry[0] != e.generation or not have:
             return
@@ -264,6 +281,21 @@ class NodeCore(BrokerHooks):
         if not have:
             del self._cover[e.client_id]
             self._emit(entry[2], SubscribedEvent.build(e.client_id, entry[1], False, None))
+
+    def _group_subscribed(self, e: Subscribed, generation: int) -> None:
+        s = self.broker.session_of(e.client_id) if self.broker is not None else None
+        self.groups.subscribed(e.client_id, generation, e.filters, e.user_properties, s.inflight_cap if s else 1)
+
+    def deliver_groups(self, sends: Sequence[tuple]) -> int:
+        """Consumer-group sends of a dispatcher's ``deliver`` call (:meth:`NodeGroups.deliver`)."""
+        if self.broker is None:
+            for cid, gen, topic, group, partition, offset, *_rest in sends:
+                self.groups.dropped(cid, gen, (topic, group, partition, offset), False)
+            return 0
+        n = self.groups.deliver(self.broker, self.generation_of, sends)
+        if self._pending_shards:
+            self._wake()  # failed sends became events
+        return n
 
     def _heartbeat(self, e: Heartbeat) -> None:
         cid = e.client_id

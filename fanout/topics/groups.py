@@ -224,6 +224,17 @@ class GroupCore:
             self._rewind(ps)
             self._assign()
 
+    def shorten(self, partition: int, next_offset: int) -> None:
+        """Of the last plan, only offsets before ``next_offset`` went out (the read hit a byte bound): the
+        rest is sent later, in order."""
+        ps = self.parts.get(partition)
+        if ps is None or not ps.committed < next_offset < ps.next:
+            return
+        m = self.members.get(ps.owner) if ps.owner is not None else None
+        if m is not None:
+            m.inflight -= ps.next - next_offset
+        ps.next = next_offset
+
     # -- what to do now --------------------------------------------------------------------------------------
 
     def plan(self) -> list[Send]:

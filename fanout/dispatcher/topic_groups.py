@@ -1,0 +1,51 @@
+"""The dispatcher's consumer groups (thin: the logic is :mod:`fanout.topics.groups_shard`).
+
+What the dispatcher calls, each from its own small method: :meth:`DispatcherGroups.on_event` for the
+group events of a node's batch, :meth:`tick` (learn appends, plan and read sends) from its drain,
+:meth:`take` for a node's ``deliver`` call, and :meth:`commit_batch` once per tick: ONE ``WriteBatch`` with
+one ``topic_commit`` op per (topic, group, partition) whose position moved.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fanout.topics.groups_shard import ShardGroups
+from storage.batch import WriteBatch
+
+
+def group_bounds(config: Any) -> dict[str, int]:
+    """The consumer-group bounds from config (``fanout.topic_group_*``), defaults without config."""
+    if config is None:
+        return {}
+    f = config.fanout
+    return {"max_inflight": f.topic_group_inflight, "max_groups": f.topic_groups, "max_members": f.topic_group_members}
+
+
+class DispatcherGroups(ShardGroups):
+    """:class:`ShardGroups` plus the dispatcher's tick verbs."""
+
+    def tick(self) -> int:
+        """Learn the log ends of the served partitions and queue what goes out now; returns how many."""
+        if not self.active:
+            return 0
+        self.poll()
+        return self.drain()
+
+    @property
+    def has_work(self) -> bool:
+        """Sends queued for some node, or commits to write."""
+        return bool(self._out) or any(ps.committed > ps.written for g in self.groups.values()
+                                      for ps in g.iter_partitions())
+
+    def commit_batch(self, now_ms: int) -> tuple[WriteBatch, list[tuple[str, str, int, int]]] | None:
+        """One WriteBatch of this tick's commits (and the commits, for :meth:`commits_failed`), or None."""
+        items = self.take_commits()
+        if not items:
+            return None
+        batch = WriteBatch()
+        for topic, group, partition, offset in items:
+            batch.topic_commit(topic, group, partition, offset, now_ms)
+        return batch, items
+
+
+__all__ = ["DispatcherGroups", "group_bounds"]
