@@ -42,6 +42,7 @@ from fanout import log as fanout_log
 from fanout.dispatcher.core import DispatcherCore
 from fanout.dispatcher.topic_groups import group_bounds
 from fanout.records import pack_batch, unpack_batch
+from fanout.request_control import TOPIC_ACK
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
@@ -303,7 +304,16 @@ class Dispatcher:
     async def request_control(self, ops: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
         """Per ``(verb, request_id)`` of :mod:`fanout.request_control` (a platform's status or cancel over MQTT):
         the status after the verb (the node asks for a cancel only of a request some shard knows)."""
-        return [await (self.cancel_request(rid) if verb == "cancel" else self.request_status(rid)) for verb, rid in ops]
+        return [await (self.cancel_request(rid) if verb == "cancel" else self._topic_ack(rid) if verb == TOPIC_ACK
+                       else self.request_status(rid)) for verb, rid in ops]
+
+    async def _topic_ack(self, op: str) -> dict[str, Any] | None:
+        """An explicit consumer-group commit (``client.ack``): written by the shard of its partition."""
+        batch, answer = self.core.topic_groups.explicit_commit(op, _now_ms())
+        if batch is None:
+            return answer
+        await self._write(batch)
+        return self.core.topic_groups.explicit_committed(op)
 
     async def expire_sweep(self) -> dict[str, Any]:
         """Settle for good the pending rows of the requests whose ttl has passed (the GC cycle calls it).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fanout.request_control import decode_topic_ack
 from fanout.topics.groups_shard import ShardGroups
 from storage.batch import WriteBatch
 
@@ -46,6 +47,32 @@ class DispatcherGroups(ShardGroups):
         for topic, group, partition, offset in items:
             batch.topic_commit(topic, group, partition, offset, now_ms)
         return batch, items
+
+    def explicit_commit(self, op: str, now_ms: int) -> tuple[WriteBatch | None, dict | None]:
+        """A topic-ack op (:mod:`fanout.request_control`): the batch to write and no answer yet, or no batch
+        and the answer (None: the partition lives in another shard; ``{"error"}``: unknown topic/partition).
+        A commit past the log's end is clamped to its last offset."""
+        topic, group, partition, upto = decode_topic_ack(op)
+        if partition % self.shards != self.shard:
+            return None, None
+        spec = self.store.topic_specs().get(topic)
+        if spec is None or partition >= (spec.partitions or self.shards):
+            return None, {"error": f"no durable topic {topic!r} with partition {partition}"}
+        _low, high = self.store.topic_bounds(topic, partition)
+        upto = min(upto, high - 1)
+        if upto < 0:
+            return None, self.explicit_committed(op)
+        return WriteBatch().topic_commit(topic, group, partition, upto, now_ms), None
+
+    def explicit_committed(self, op: str) -> dict:
+        """After the batch of :meth:`explicit_commit` is durable: the group (if served here) moves, and the
+        answer is the group's stored position."""
+        topic, group, partition, upto = decode_topic_ack(op)
+        g = self.groups.get((topic, group))
+        committed = self.store.topic_committed(topic, group, partition)
+        if g is not None and committed is not None:
+            g.commit_external(partition, committed)
+        return {"committed": committed}
 
 
 __all__ = ["DispatcherGroups", "group_bounds"]

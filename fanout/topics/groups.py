@@ -209,6 +209,23 @@ class GroupCore:
         self._settle(ps)
         return True
 
+    def commit_external(self, partition: int, upto: int) -> None:
+        """An explicit commit up to ``upto`` (``client.ack``, ``fanout consume --ack``), written by the caller:
+        everything up to it counts as acknowledged."""
+        ps = self.parts.get(partition)
+        if ps is None or upto <= ps.committed:
+            return
+        ps.acked = {o for o in ps.acked if o > upto}
+        ps.committed = upto
+        ps.written = max(ps.written, upto)
+        if ps.next <= upto:
+            ps.next = upto + 1
+        while ps.committed + 1 in ps.acked:
+            ps.committed += 1
+            ps.acked.discard(ps.committed)
+        self._settle(ps)
+        self._recount()
+
     def failed(self, client_id: str, generation: int, partition: int, offset: int, evict: bool = False) -> None:
         """A send to ``client_id`` was not taken (its session dropped it, or it is gone): the partition goes
         back to ``committed + 1``. ``evict``: the member cannot take this topic (ACL at delivery, too
