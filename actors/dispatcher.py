@@ -42,7 +42,7 @@ from fanout import log as fanout_log
 from fanout.dispatcher.core import DispatcherCore
 from fanout.dispatcher.topic_groups import group_bounds
 from fanout.records import pack_batch, unpack_batch
-from fanout.request_control import TOPIC_ACK
+from fanout.request_control import TOPIC_ACK, TOPIC_INFO
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
@@ -304,8 +304,9 @@ class Dispatcher:
     async def request_control(self, ops: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
         """Per ``(verb, request_id)`` of :mod:`fanout.request_control` (a platform's status or cancel over MQTT):
         the status after the verb (the node asks for a cancel only of a request some shard knows)."""
-        return [await (self.cancel_request(rid) if verb == "cancel" else self._topic_ack(rid) if verb == TOPIC_ACK
-                       else self.request_status(rid)) for verb, rid in ops]
+        return [self.core.topic_groups.topic_info(rid) if verb == TOPIC_INFO else await (
+                    self.cancel_request(rid) if verb == "cancel" else self._topic_ack(rid) if verb == TOPIC_ACK
+                    else self.request_status(rid)) for verb, rid in ops]
 
     async def _topic_ack(self, op: str) -> dict[str, Any] | None:
         """An explicit consumer-group commit (``client.ack``): written by the shard of its partition."""

@@ -11,7 +11,9 @@ acknowledges the PUBLISH and publishes on ``$SDV-FANOUT/replies/<client_id>`` (Q
 A consumer group's explicit commit travels the same way (:data:`TOPIC_ACK`): ``$SDV-FANOUT/requests/<topic>/topic-ack``
 with ``{"id": "...", "group": "g", "partition": 3, "upto": 41}``; the shard of the partition writes the commit
 (durable when answered) and the reply is ``{"id", "op": "topic-ack", "topic", "group", "partition", "committed"}``
-(``committed``: the group's position after it; a commit never moves a group back). Between the node and the
+(``committed``: the group's position after it; a commit never moves a group back). ``.../<topic>/topic-info``
+(payload ``{"id"}`` or nothing) answers ``{"id", "op": "topic-info", "topic", "filter", "partitions"}`` (from
+shard 0's catalog; ``error`` when there is no such topic): what a consumer subscribes to. Between the node and the
 dispatchers the op is ``(TOPIC_ACK, encode_topic_ack(...))`` like the other ``(verb, request_id)`` pairs.
 
 ``status`` is the request's status summed over the shards (:func:`fanout.dispatcher.lifecycle.merge`), or
@@ -32,7 +34,8 @@ REPLIES_TOPIC_PREFIX = "$SDV-FANOUT/replies/"
 STATUS = "status"
 CANCEL = "cancel"
 TOPIC_ACK = "topic-ack"
-VERBS = (STATUS, CANCEL, TOPIC_ACK)
+TOPIC_INFO = "topic-info"
+VERBS = (STATUS, CANCEL, TOPIC_ACK, TOPIC_INFO)
 MAX_CORRELATION_LEN = 128
 MAX_NAME_LEN = 256  # a topic or group name in a topic-ack
 _SEP = "\x1f"  # joins a topic-ack's fields into the op's one string (never in a topic or group name)
@@ -113,7 +116,7 @@ def parse_control(topic: str, payload: bytes) -> Control:
     request_id, _, verb = rest.rpartition("/")
     if verb not in VERBS or not request_id or "/" in request_id:
         raise TriggerError("topic", f"expected {REQUESTS_TOPIC_PREFIX}<request_id>/{'|'.join(VERBS)}, got {topic[:80]!r}")
-    if verb == TOPIC_ACK:
+    if verb in (TOPIC_ACK, TOPIC_INFO):
         _check_name("topic", request_id, None)
     else:
         check_id("request_id", request_id, DEFAULT_MAX_ID_LEN)
@@ -143,11 +146,20 @@ def reply(control: Control, parts: list[Any]) -> Reply:
     if control.verb == TOPIC_ACK:
         topic, group, partition, _upto = decode_topic_ack(control.request_id)
         body.update(topic=topic, group=group, partition=partition)
+    elif control.verb == TOPIC_INFO:
+        body["topic"] = control.request_id
     else:
         body["request_id"] = control.request_id
     failed = [p for p in parts if isinstance(p, BaseException)]
     if failed:
         body.update(error="unavailable", reason=f"{len(failed)} shard(s) did not answer: {failed[0]!r}"[:300])
+        return Reply(body)
+    if control.verb == TOPIC_INFO:  # shard 0 answers
+        info = next((p for p in parts if p is not None), None)
+        if info is None:
+            body.update(error="unknown", reason=f"no durable topic {control.request_id!r}")
+        else:
+            body.update(filter=info["filter"], partitions=info["partitions"])
         return Reply(body)
     if control.verb == TOPIC_ACK:  # only the partition's shard answers
         answer = next((p for p in parts if p is not None), None)
@@ -161,6 +173,6 @@ def reply(control: Control, parts: list[Any]) -> Reply:
     return Reply(body)
 
 
-__all__ = ["REQUESTS_TOPIC_PREFIX", "REPLIES_TOPIC_PREFIX", "STATUS", "CANCEL", "TOPIC_ACK", "encode_topic_ack",
+__all__ = ["REQUESTS_TOPIC_PREFIX", "REPLIES_TOPIC_PREFIX", "STATUS", "CANCEL", "TOPIC_ACK", "TOPIC_INFO", "encode_topic_ack",
            "decode_topic_ack", "Control", "Reply", "parse_control",
            "reply", "request_topic", "replies_topic", "is_request_topic"]

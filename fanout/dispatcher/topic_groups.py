@@ -48,6 +48,13 @@ class DispatcherGroups(ShardGroups):
             batch.topic_commit(topic, group, partition, offset, now_ms)
         return batch, items
 
+    def topic_info(self, topic: str) -> dict | None:
+        """A topic-info op: the topic's filter and partition count from shard 0's catalog (other shards: None)."""
+        if self.shard != 0:
+            return None
+        spec = self.store.topic_specs().get(topic)
+        return None if spec is None else {"filter": spec.filter, "partitions": spec.partitions or self.shards}
+
     def explicit_commit(self, op: str, now_ms: int) -> tuple[WriteBatch | None, dict | None]:
         """A topic-ack op (:mod:`fanout.request_control`): the batch to write and no answer yet, or no batch
         and the answer (None: the partition lives in another shard; ``{"error"}``: unknown topic/partition).

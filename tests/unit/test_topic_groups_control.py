@@ -6,7 +6,7 @@ import json
 import pytest
 
 from fanout.request_control import (
-    TOPIC_ACK, decode_topic_ack, encode_topic_ack, parse_control, reply, request_topic,
+    TOPIC_ACK, TOPIC_INFO, decode_topic_ack, encode_topic_ack, parse_control, reply, request_topic,
 )
 from fanout.trigger import TriggerError
 
@@ -39,3 +39,11 @@ def test_invalid_topic_ack_is_refused_naming_the_field(topic, body, field):
     with pytest.raises(TriggerError) as exc:
         parse_control(request_topic(topic, TOPIC_ACK), b"" if body is None else json.dumps(body).encode())
     assert exc.value.field == field
+
+
+def test_topic_info():
+    c = parse_control(request_topic("responses", TOPIC_INFO), b'{"id": "1"}')
+    assert (c.verb, c.request_id) == (TOPIC_INFO, "responses")
+    body = json.loads(reply(c, [{"filter": "ecp/+/response", "partitions": 2}, None]).payload())
+    assert body == {"id": "1", "op": TOPIC_INFO, "topic": "responses", "filter": "ecp/+/response", "partitions": 2}
+    assert json.loads(reply(c, [None, None]).payload())["error"] == "unknown"
