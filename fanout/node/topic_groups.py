@@ -74,8 +74,8 @@ def delivery_properties(partition: int, offset: int, ts_ms: int, publisher: str,
     users: list[tuple[str, str]] = []
     extra: dict[str, Any] = {}
     for name, value in kept or ():
-        if name == "user_properties":
-            users.extend(tuple(p) for p in value)
+        if name == "user_property":  # one [key, value] pair (storage.topics.KEEP_PROPERTIES)
+            users.append((value[0], value[1]))
         elif name in _KEPT_PROPERTIES:
             extra[name] = value
     users += [("partition", str(partition)), ("offset", str(offset)), ("ts_ms", str(ts_ms)), ("client_id", publisher)]

@@ -70,7 +70,7 @@ def test_group_send_carries_offsets_and_puback_becomes_an_ack_on_the_partition_s
     m.inbox.clear()
     group_events(c)
     gen = c.edge.generation_of("consumer-1")
-    kept = [["user_properties", [["trace", "t1"]]], ["content_type", "application/json"]]
+    kept = [["user_property", ["trace", "t1"]], ["content_type", "application/json"]]
     send(c, GroupSend.build("consumer-1", gen, "responses", "g1", 3, 41, 1234, "ecp/V1/response", "V1", 1, b"{}", kept))
     (p,) = m.publishes5()
     assert (p.topic, p.payload, p.qos) == ("ecp/V1/response", b"{}", 1)
