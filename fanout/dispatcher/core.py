@@ -88,6 +88,7 @@ class DispatcherCore:
         vd = self.vd
         self.events_in += len(events)
         synced: list[str] = []
+        group_events: list[tuple] = []
         with self.rows.reading():
             for e in events:
                 kind = e[0]
@@ -121,7 +122,9 @@ class DispatcherCore:
                         vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
                         synced.append(cid)
                 elif kind >= EV_GROUP_FIRST:
-                    self.topic_groups.on_event(node, e)
+                    group_events.append(e)  # applied after this read block: they read the store themselves
+        for e in group_events:
+            self.topic_groups.on_event(node, e)
         if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
             self.dispatch_new(synced)
 
