@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 import msgpack
 
-from storage import keys
+from storage import keys, topics
 from storage.errors import BatchFormatError
 
 FORMAT_VERSION = 1
@@ -48,6 +48,11 @@ SET_EXPIRY = 18  # (op, request_id, expires_ms)
 SETTLE_IDS_IF = 19  # (op, vin, ts_ms, request_id, expected_data_id, status, settled_ts_ms)
 SET_REQUEST_PROPS = 20  # (op, request_id, [[name, value], ...]): the trigger's MQTT 5 User Properties
 SET_BLOB_PROPS = 21  # (op, data_id, content_type): the MQTT 5 Content Type of the blob's publish
+CREATE_TOPIC = 22  # (op, name, filter, partitions, retention_ms, retention_bytes, key_level, ts_ms)
+TOPIC_APPEND = 23  # (op, topic, partition, ts_ms, [[mqtt_topic, client_id, qos, payload, properties], ...])
+TOPIC_COMMIT = 24  # (op, topic, group, partition, offset, ts_ms): stored = max(stored, offset)
+TOPIC_RESET = 25  # (op, topic, group, partition, offset, ts_ms): stored = offset
+TOPIC_PRUNE_IF = 26  # (op, topic, partition, below_offset): the GC drops entries with offset < below_offset
 
 OP_NAMES: dict[int, str] = {
     PUT_BLOB: "put_blob",
@@ -71,6 +76,11 @@ OP_NAMES: dict[int, str] = {
     SETTLE_IDS_IF: "settle_ids_if",
     SET_REQUEST_PROPS: "set_request_props",
     SET_BLOB_PROPS: "set_blob_props",
+    CREATE_TOPIC: "create_topic",
+    TOPIC_APPEND: "topic_append",
+    TOPIC_COMMIT: "topic_commit",
+    TOPIC_RESET: "topic_reset",
+    TOPIC_PRUNE_IF: "topic_prune_if",
 }
 SETTLE_STATUSES = ("cancelled", "expired")  # what settle_pending may set (storage.tables.STATUS_*)
 GC_SETTLE_STATUSES = ("expired", "discarded")  # what settle_ids_if may set: past retention, blob gone
@@ -79,6 +89,9 @@ GC_SETTLE_STATUSES = ("expired", "discarded")  # what settle_ids_if may set: pas
 # before a big batch instead of failing it once with MapFullError.
 _EST_ENQUEUE_PER_VIN = 200
 _EST_SMALL_OP = 160
+_EST_TOPIC_ENTRY = 160  # a log entry's key, envelope and node headers besides its topic, client id and payload
+_EST_RECEIPT = 220  # the receipts entry an outcome (ack, discard, expire, settle) appends
+_OUTCOME_OPS = frozenset((ACK, DISCARD, EXPIRE, SETTLE_IDS_IF))
 
 
 @contextmanager
@@ -383,6 +396,47 @@ class WriteBatch:
         self.ops.append((PUT_METRIC, name, value, keys.check_ts_ms(ts_ms)))
         return self
 
+    # -- durable topics (storage.topics validates) ---------------------------------------------
+    def create_topic(self, spec: topics.TopicSpec, ts_ms: int) -> WriteBatch:
+        """Upsert a topic's catalog row (an existing one keeps its partition count and creation time; the builder
+        checks ``topics.check_create`` against the stored catalog first). Raises ValueError: invalid spec or time."""
+        topics.check_spec(spec)
+        self.ops.append((CREATE_TOPIC, spec.name, spec.filter, spec.partitions, spec.retention_ms,
+                         spec.retention_bytes, spec.key_level, keys.check_ts_ms(ts_ms)))
+        return self
+
+    def topic_append(self, topic: str, partition: int, ts_ms: int, entries: Iterable[Any]) -> WriteBatch:
+        """Append ``entries`` ``(mqtt_topic, client_id, qos, payload, properties)`` to one partition's log; offsets
+        are assigned at apply (``ApplyResult.topic_offsets``). No entries: no op. Raises ValueError: invalid args."""
+        topics.check_topic_name(topic)
+        topics.check_partition(partition)
+        keys.check_ts_ms(ts_ms)
+        checked = topics.check_entries(entries)
+        if checked:
+            self.ops.append((TOPIC_APPEND, topic, partition, ts_ms, checked))
+        return self
+
+    def topic_commit(self, topic: str, group: str, partition: int, offset: int, ts_ms: int) -> WriteBatch:
+        """``group`` processed ``partition`` up to ``offset`` (included); a commit never moves a group back.
+        Raises ValueError: invalid arguments."""
+        return self._group_offset(TOPIC_COMMIT, topic, group, partition, offset, ts_ms)
+
+    def topic_reset(self, topic: str, group: str, partition: int, offset: int, ts_ms: int) -> WriteBatch:
+        """Set ``group``'s committed offset of ``partition`` (it may move back). Raises ValueError as ``topic_commit``."""
+        return self._group_offset(TOPIC_RESET, topic, group, partition, offset, ts_ms)
+
+    def _group_offset(self, code: int, topic: str, group: str, partition: int, offset: int, ts_ms: int) -> WriteBatch:
+        topics.offsets_key(topic, group, partition)
+        self.ops.append((code, topic, group, partition, topics.check_offset(offset), keys.check_ts_ms(ts_ms)))
+        return self
+
+    def topic_prune_if(self, topic: str, partition: int, below_offset: int) -> WriteBatch:
+        """GC: delete ``partition``'s entries with offset < ``below_offset`` (entries are immutable: the bound is
+        the guard); the counter stays. Raises ValueError: invalid arguments."""
+        topics.partition_prefix(topic, partition)
+        self.ops.append((TOPIC_PRUNE_IF, topic, partition, topics.check_offset(below_offset, "below_offset")))
+        return self
+
     # -- wire form and introspection -----------------------------------------------------------
     def to_bytes(self) -> bytes:
         """Serialise for replication (msgpack ``[version, ops]``)."""
@@ -431,8 +485,11 @@ class WriteBatch:
                     pages += 2 * len(op[4])
                 elif code in (PUT_BLOB, PUT_RETAINED):
                     new_bytes += 2 * len(op[2]) + 8192
+                elif code == TOPIC_APPEND:
+                    new_bytes += sum(_EST_TOPIC_ENTRY + 2 * (len(e[0]) + len(e[1]) + len(e[3])) for e in op[4])
+                    pages += 2
                 else:
-                    new_bytes += _EST_SMALL_OP
+                    new_bytes += _EST_SMALL_OP + (_EST_RECEIPT if code in _OUTCOME_OPS else 0)
                     pages += 2
             except (TypeError, IndexError):  # malformed op: apply reports it
                 new_bytes += _EST_SMALL_OP

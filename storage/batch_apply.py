@@ -17,6 +17,11 @@ Enqueue (the hot path, up to 1,000,000 VINs in one op):
    nothing; a different ``data_id`` (the request id re-used for another blob) queues a new row and
    the ``reqs`` row then tracks the new data id; the rest go through ``putmulti`` as above.
 
+Durable topics (``create_topic``, ``topic_append``, ``topic_commit``, ``topic_reset``, ``topic_prune_if``) are
+applied by :mod:`storage.topic_apply`; the ops that settle a (request, VIN) row (ack, discard, expire,
+settle_pending, settle_ids_if) also append its receipt to the built-in ``receipts`` topic there, in this
+transaction, only when they change the row's status (exactly one receipt per outcome).
+
 Other ops are applied strictly in batch order. (Sorting runs of acks/deletes by key was tried and
 measured: no gain, each op costs ~8 us either way and every touched page is copied once per
 transaction whatever the order; unlike inserts, updates and deletes split no pages.)
@@ -30,9 +35,10 @@ from typing import Any, Callable, NamedTuple
 import lmdb
 
 from storage import batch as B
-from storage import keys, tables
+from storage import keys, tables, topic_apply
 from storage.errors import BatchFormatError
 from storage.request_stats import RequestTally, is_cancelled
+from storage.topic_apply import TopicTally
 
 _TS = struct.Struct(">Q")
 _SEP = keys.SEP
@@ -52,16 +58,31 @@ class Dbs(NamedTuple):
     requests: Any
     reqprops: Any
     blobprops: Any
+    topics: Any
+    topic_log: Any
+    topic_counters: Any
+    topic_offsets: Any
 
 
 Counts = dict[str, int]
+
+
+class ApplyTally(RequestTally):
+    """What one transaction accumulates: the request counters (``RequestTally``) and, in ``topics``, the topic
+    partitions' counters and the receipts (``storage.topic_apply.TopicTally``); both are written at its end."""
+
+    __slots__ = ("topics",)
+
+    def __init__(self, topics: TopicTally) -> None:
+        super().__init__()
+        self.topics = topics
 
 
 def _inc(counts: Counts, name: str, n: int = 1) -> None:
     counts[name] = counts.get(name, 0) + n
 
 
-def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, data_id, blob, ts_ms, sha1 = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -80,7 +101,7 @@ def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: R
     txn.put(key, tables.encode_meta(ts_ms, len(blob), sha1), db=dbs.meta)
 
 
-def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, data_id, ts_ms = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -107,7 +128,7 @@ def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> 
             txn.put(key, tables.encode_meta(ts_ms, size, sha1), db=dbs.meta)
 
 
-def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, ts_ms, request_id, data_id, vins = op
     if is_cancelled(txn, dbs.requests, request_id):  # a cancel is final (storage.request_stats)
         _inc(counts, "enqueue_cancelled", len(vins))
@@ -149,21 +170,23 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: Re
     _inc(counts, "enqueue_dup", len(rkeys) - len(fresh) - len(requeue) + consumed - added)
 
 
-def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _finish_row(txn, dbs, op, counts, tally, tables.STATUS_DELIVERED, "ack_deleted", "ack_missing")
 
 
-def _discard(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _discard(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _finish_row(txn, dbs, op, counts, tally, tables.STATUS_DISCARDED, "discard_deleted", "discard_missing")
 
 
-def _expire(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _expire(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _finish_row(txn, dbs, op, counts, tally, tables.STATUS_EXPIRED, "expire_deleted", "expire_missing")
 
 
-def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally, status: str,
+def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally, status: str,
                 deleted: str, missing: str) -> None:
-    """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row."""
+    """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row, and, when that
+    changes the row's status, in a receipt (a repeated PUBACK changes nothing; a late one of a row cancelled or
+    expired meanwhile does: the vehicle has it)."""
     _, vin, ts_ms, request_id, done_ts_ms = op
     vb, rid = vin.encode(), request_id.encode()
     popped = txn.pop(vb + _SEP + _TS.pack(ts_ms) + rid, db=dbs.ids)
@@ -182,9 +205,11 @@ def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
         return
     tally.finish(request_id, old_status, status, done_ts_ms)
     txn.put(rkey, tables.pack([req_ts, data_id, status, done_ts_ms]), db=reqs)
+    if old_status != status:
+        tally.topics.receipt(txn, request_id, vin, data_id, status, done_ts_ms)
 
 
-def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, vin, ts_ms, request_id = op
     hit = txn.delete(vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode(), db=dbs.ids)
     _inc(counts, "deleted" if hit else "delete_missing")
@@ -201,7 +226,7 @@ def _guarded_ids_key(txn: lmdb.Transaction, dbs: Dbs, vin: str, ts_ms: int, requ
     return key
 
 
-def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, vin, ts_ms, request_id, expected = op
     key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
     if key is not None:
@@ -209,7 +234,7 @@ def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tal
         _inc(counts, "deleted")
 
 
-def _settle_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _settle_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """GC: delete an ``ids`` row past retention or without its blob, and settle its ``reqs`` row (expired,
     discarded) in the same transaction, so the request's counters no longer count it pending."""
     _, vin, ts_ms, request_id, expected, status, settled_ts_ms = op
@@ -229,6 +254,7 @@ def _settle_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tal
         return  # the VIN was queued again for the request (re-used with another blob): that row stays pending
     tally.finish(request_id, old_status, status, settled_ts_ms)
     txn.put(rkey, tables.pack([req_ts, data_id, status, settled_ts_ms]), db=dbs.reqs)
+    tally.topics.receipt(txn, request_id, vin, data_id, status, settled_ts_ms)
     _inc(counts, f"{status}_rows")
 
 
@@ -247,7 +273,7 @@ def _queues_request(txn: lmdb.Transaction, dbs: Dbs, vin: str, request_id: str) 
     return False
 
 
-def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, vin, ts_ms, request_id, expected, new_data_id = op
     key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
     if key is not None:
@@ -255,7 +281,7 @@ def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
         _inc(counts, "repointed")
 
 
-def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, request_id, vin = op
     raw = txn.pop(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
     if raw is not None:
@@ -263,7 +289,7 @@ def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     _inc(counts, "deleted" if raw is not None else "delete_missing")
 
 
-def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, request_id, vin, expected_ts, expected_status = op
     key = request_id.encode() + _SEP + vin.encode()
     raw = txn.get(key, db=dbs.reqs)
@@ -280,7 +306,7 @@ def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "guard_skipped")
 
 
-def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     key = op[1].encode()
     hit = txn.delete(key, db=dbs.meta)
     hit = txn.delete(key, db=dbs.data) or hit
@@ -288,7 +314,7 @@ def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, data_id, expected_ts = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -301,24 +327,24 @@ def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "deleted")
 
 
-def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, topic, payload, qos, ts_ms = op
     txn.put(keys.retained_key(topic), tables.encode_retained(topic, payload, qos, ts_ms), db=dbs.retained)
     _inc(counts, "retained_put")
 
 
-def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     hit = txn.delete(keys.retained_key(op[1]), db=dbs.retained)
     _inc(counts, "retained_deleted" if hit else "delete_missing")
 
 
-def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, name, value, ts_ms = op
     txn.put(name.encode(), tables.encode_metric(value, ts_ms), db=dbs.metrics)
     _inc(counts, "metric_put")
 
 
-def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """Cancel or expire a whole request on this shard: a prefix scan of its ``reqs`` rows (the operation
     itself, not the counters, reads the rows: it has to find the pending ones)."""
     _, request_id, status, ts_ms = op
@@ -326,6 +352,7 @@ def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     prefix = rid + _SEP
     cur = txn.cursor(dbs.reqs)
     settled: list[tuple[bytes, bytes]] = []
+    receipts: list[tuple[str, str]] = []
     if cur.set_range(prefix):
         for key, raw in cur:
             if not key.startswith(prefix):
@@ -333,22 +360,26 @@ def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
             req_ts, data_id, old, _ = tables.unpack(raw)
             if old == tables.STATUS_PENDING:
                 settled.append((key, tables.pack([req_ts, data_id, status, ts_ms])))
-                txn.delete(key[len(prefix):] + _SEP + _TS.pack(req_ts) + rid, db=dbs.ids)
+                vb = key[len(prefix):]
+                txn.delete(vb + _SEP + _TS.pack(req_ts) + rid, db=dbs.ids)
+                receipts.append((vb.decode("ascii"), data_id))
     if settled:
         txn.cursor(dbs.reqs).putmulti(settled)
+    for vin, data_id in receipts:  # after the scan: the receipts' puts go to another table, the cursor stays
+        tally.topics.receipt(txn, request_id, vin, data_id, status, ts_ms)
     tally.move(request_id, tables.STATUS_PENDING, status, len(settled))
     if status == tables.STATUS_CANCELLED:
         tally.cancelled_at(request_id, ts_ms)
     _inc(counts, f"{status}_rows", len(settled))
 
 
-def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     _, request_id, expires_ms = op
     tally.expires(request_id, expires_ms)
     _inc(counts, "expiry_set")
 
 
-def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """The User Properties of a request's trigger (the latest trigger carrying some wins); none for a cancelled
     request, which queues nothing either. Deleted with the request's ``requests`` row (RequestTally.flush)."""
     _, request_id, pairs = op
@@ -358,7 +389,7 @@ def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts,
     _inc(counts, "request_props_set")
 
 
-def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """The Content Type of a blob's publish (after its put_blob op; deleted with the blob)."""
     _, data_id, content_type = op
     key = data_id.encode()
@@ -368,7 +399,13 @@ def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "blob_props_set")
 
 
-_HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, RequestTally], None]] = {
+def _topic_op(handler: Callable[[lmdb.Transaction, Any, Any, Counts, TopicTally], None]) -> Callable[..., None]:
+    def run(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+        handler(txn, dbs, op, counts, tally.topics)
+    return run
+
+
+_HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, ApplyTally], None]] = {
     B.PUT_BLOB: _put_blob,
     B.TOUCH_META: _touch_meta,
     B.ENQUEUE: _enqueue,
@@ -390,16 +427,24 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, RequestTally]
     B.SETTLE_IDS_IF: _settle_ids_if,
     B.SET_REQUEST_PROPS: _set_request_props,
     B.SET_BLOB_PROPS: _set_blob_props,
+    B.CREATE_TOPIC: _topic_op(topic_apply.create_topic),
+    B.TOPIC_APPEND: _topic_op(topic_apply.topic_append),
+    B.TOPIC_COMMIT: _topic_op(topic_apply.topic_commit),
+    B.TOPIC_RESET: _topic_op(topic_apply.topic_reset),
+    B.TOPIC_PRUNE_IF: _topic_op(topic_apply.topic_prune_if),
 }
 
 
-def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any]) -> Counts:
+def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any], shard_id: int = 0,
+              topic_offsets: list[tuple[str, int, int, int]] | None = None) -> Counts:
     """Execute ``ops`` in order inside ``txn`` (which the caller commits or aborts).
 
     Args:
         txn: an open write transaction.
         dbs: the environment's database handles.
         ops: ``WriteBatch.ops``.
+        shard_id: the store's shard (the ``receipts`` partition its outcomes go to).
+        topic_offsets: if given, extended with ``(topic, partition, first, last)`` of each ``topic_append`` op.
 
     Returns:
         Counters of what happened (``enqueue_new``, ``enqueue_dup``, ``blob_refreshed``, ...).
@@ -409,7 +454,7 @@ def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any]) -> Counts:
         lmdb.Error: from LMDB (``MapFullError`` is handled by the caller).
     """
     counts: Counts = {}
-    tally = RequestTally()
+    tally = ApplyTally(TopicTally(dbs, shard_id))
     handlers = _HANDLERS
     for op in ops:
         handler = handlers.get(op[0]) if op else None
@@ -420,4 +465,7 @@ def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any]) -> Counts:
         except (ValueError, TypeError, KeyError) as exc:
             raise BatchFormatError(f"malformed {B.OP_NAMES[op[0]]} op: {exc}") from exc
     tally.flush(txn, dbs.requests, dbs.reqprops)
+    tally.topics.flush(txn)
+    if topic_offsets is not None:
+        topic_offsets.extend(tally.topics.ranges)
     return counts

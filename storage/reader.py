@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 import lmdb
 
-from storage import keys, request_stats, tables
+from storage import keys, request_stats, tables, topics
 from storage.guard import ResizeGuard
 
 _T = TypeVar("_T")
@@ -212,6 +212,35 @@ class ShardReader:
         return self._read(
             lambda txn: [tables.decode_metric(v, bytes(k).decode()) for k, v in txn.cursor(self._dbs.metrics)]
         )
+
+    # -- durable topics (storage.topics) ----------------------------------------------------------
+    def topic_specs(self) -> dict[str, topics.TopicSpec]:
+        """Every durable topic by name, the built-in ``receipts`` included."""
+        return self._read(lambda txn: topics.read_specs(txn, self._dbs.topics))
+
+    def topic_read(self, topic: str, partition: int, from_offset: int, limit: int,
+                   max_bytes: int | None = None) -> list[topics.LogEntry]:
+        """Up to ``limit`` entries of a partition from ``from_offset`` on, in offset order (pruned ones skipped);
+        with ``max_bytes``, no more payload bytes than that (but at least one entry).
+
+        Raises:
+            ValueError: an invalid topic name, partition or offset.
+        """
+        return self._read(lambda txn: topics.read_log(txn, self._dbs.topic_log, topic, partition, from_offset,
+                                                      limit, max_bytes))
+
+    def topic_bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        """``(low, next)``: a partition's first retained offset (``next`` when empty) and next offset to assign."""
+        return self._read(lambda txn: topics.read_bounds(txn, self._dbs.topic_log, self._dbs.topic_counters, topic,
+                                                         partition))
+
+    def topic_committed(self, topic: str, group: str, partition: int) -> int | None:
+        """The last offset ``group`` acknowledged in a partition, or None."""
+        return self._read(lambda txn: topics.read_committed(txn, self._dbs.topic_offsets, topic, group, partition))
+
+    def topic_groups(self, topic: str) -> dict[str, dict[int, tuple[int, int]]]:
+        """``{group: {partition: (last acknowledged offset, updated_ms)}}`` of a topic."""
+        return self._read(lambda txn: topics.read_groups(txn, self._dbs.topic_offsets, topic))
 
     @property
     def applied_seq(self) -> int:

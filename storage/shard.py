@@ -63,6 +63,8 @@ class ApplyResult:
     epoch: int
     counts: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
+    topic_offsets: list[tuple[str, int, int, int]] = field(default_factory=list)
+    """``(topic, partition, first, last)`` offsets assigned to each ``topic_append`` op, in batch order."""
 
 
 class ShardStore(ShardReader):
@@ -221,7 +223,8 @@ class ShardStore(ShardReader):
                 self._ensure_headroom(*batch.space_estimate())
             while True:
                 try:
-                    seq_now, epoch_now, counts = self._apply_once(batch, seq, epoch)
+                    topic_offsets: list[tuple[str, int, int, int]] = []
+                    seq_now, epoch_now, counts = self._apply_once(batch, seq, epoch, topic_offsets)
                     break
                 except lmdb.MapFullError:
                     self._grow(len(batch))
@@ -233,12 +236,13 @@ class ShardStore(ShardReader):
                     if exc.errno == errno.ENOSPC:
                         raise self._disk_full(exc) from exc
                     raise
-        result = ApplyResult(seq_now, epoch_now, counts, time.perf_counter() - started)
+        result = ApplyResult(seq_now, epoch_now, counts, time.perf_counter() - started, topic_offsets)
         level = log.info if result.duration_s >= 1.0 else log.debug
         level("batch_applied", shard=self.shard_id, seq=seq_now, counts=counts, duration_s=round(result.duration_s, 4))
         return result
 
-    def _apply_once(self, batch: WriteBatch, seq: int | None, epoch: int | None) -> tuple[int, int, dict[str, int]]:
+    def _apply_once(self, batch: WriteBatch, seq: int | None, epoch: int | None,
+                    topic_offsets: list[tuple[str, int, int, int]] | None = None) -> tuple[int, int, dict[str, int]]:
         env, dbs = self._live_env(), self._dbs
         txn = env.begin(write=True)
         try:
@@ -257,7 +261,7 @@ class ShardStore(ShardReader):
                     applied_seq=applied,
                 )
             new_seq = applied + 1 if seq is None else seq
-            counts = apply_ops(txn, dbs, batch.ops)
+            counts = apply_ops(txn, dbs, batch.ops, self.shard_id, topic_offsets)
             txn.put(tables.SYS_APPLIED_SEQ, tables.pack(new_seq), db=dbs.sys)
             if epoch is not None and epoch > known_epoch:
                 txn.put(tables.SYS_EPOCH, tables.pack(epoch), db=dbs.sys)

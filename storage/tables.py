@@ -18,12 +18,19 @@ is the column list an export (Parquet) uses.
 | requests | request_id | [pending, delivered, discarded, expired, cancelled, first/last delivery ms, expires_ms, cancelled_ms] | request_id, the same fields (storage.request_stats) |
 | reqprops | request_id | [[name, value], ...] | request_id, user_properties |
 | blobprops | data_id | [content_type] | data_id, content_type |
+| topics | topic name | [filter, partitions, retention_ms, retention_bytes, key_level, created_ms] | name, the same fields |
+| topic_log | topic, partition (u32 BE), offset (u64 BE) | [ts_ms, mqtt_topic, client_id, qos, payload, properties or nil] | topic, partition, offset, the same fields |
+| topic_counters | topic, partition | next offset to assign | topic, partition, next_offset |
+| topic_offsets | topic, group, partition | [last acknowledged offset, updated_ms] | topic, group, partition, offset, updated_ms |
 
 ``reqprops`` and ``blobprops`` hold the MQTT 5 properties a fanout delivery carries: the User Properties of
 a request's trigger and the Content Type of a blob's publish, one small row per request or blob that has any
 (none for the others). They are tables of their own rather than fields of ``requests`` or ``meta``: an old
 store simply gets them empty at open, the per-delivery rewrites of the ``requests`` counters stay as small as
 they were, and ``meta`` keeps the layout the Spark jobs and exports read.
+
+The four ``topic*`` tables hold the durable topics (issue 14; key encodings and rules in :mod:`storage.topics`).
+An old store gets them empty at open; the built-in ``receipts`` topic needs no catalog row (it is implicit).
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from typing import Any
 
 import msgpack
 
-from storage import keys
+from storage import keys, topics
 
 DATA = "data"
 META = "meta"
@@ -43,8 +50,14 @@ METRICS = "metrics"
 REQUESTS = "requests"  # per-request lifecycle counters (storage.request_stats)
 REQPROPS = "reqprops"  # a request's MQTT 5 User Properties, carried to its deliveries
 BLOBPROPS = "blobprops"  # a blob's MQTT 5 Content Type, carried to its deliveries
-ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS, REQUESTS, REQPROPS, BLOBPROPS)
-USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS, REQUESTS, REQPROPS, BLOBPROPS)
+TOPICS = "topics"  # durable topics' catalog (storage.topics)
+TOPIC_LOG = "topic_log"  # per-partition append-only logs
+TOPIC_COUNTERS = "topic_counters"  # per-partition next offset (never goes back)
+TOPIC_OFFSETS = "topic_offsets"  # consumer groups' committed offsets
+ALL_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, SYS, RETAINED, METRICS, REQUESTS, REQPROPS, BLOBPROPS,
+                            TOPICS, TOPIC_LOG, TOPIC_COUNTERS, TOPIC_OFFSETS)
+USER_DBS: tuple[str, ...] = (DATA, META, IDS, REQS, RETAINED, METRICS, REQUESTS, REQPROPS, BLOBPROPS,
+                             TOPICS, TOPIC_LOG, TOPIC_COUNTERS, TOPIC_OFFSETS)
 """Tables whose content replication keeps identical on every replica (``sys`` is per store)."""
 
 STATUS_PENDING = "pending"
@@ -70,6 +83,10 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
                "last_delivery_ms", "expires_ms", "cancelled_ms"),
     REQPROPS: ("request_id", "user_properties"),
     BLOBPROPS: ("data_id", "content_type"),
+    TOPICS: ("name", "filter", "partitions", "retention_ms", "retention_bytes", "key_level", "created_ms"),
+    TOPIC_LOG: ("topic", "partition", "offset", "ts_ms", "mqtt_topic", "client_id", "qos", "payload", "properties"),
+    TOPIC_COUNTERS: ("topic", "partition", "next_offset"),
+    TOPIC_OFFSETS: ("topic", "group", "partition", "offset", "updated_ms"),
 }
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -186,10 +203,16 @@ def decode_row(db: str, key: bytes, raw: bytes) -> dict[str, Any]:
         return {"request_id": bytes(key).decode("utf-8"), "user_properties": decode_user_properties(raw)}
     if db == BLOBPROPS:
         return {"data_id": bytes(key).decode("utf-8"), "content_type": decode_blob_props(raw)}
+    if db in _TOPIC_ROWS:
+        return _TOPIC_ROWS[db](key, raw)
     if db == REQUESTS:
         request_id = bytes(key).decode("utf-8")
         return {"request_id": request_id, **dict(zip(ROW_FIELDS[REQUESTS][1:], unpack(raw)))}
     raise ValueError(f"unknown table {db!r}; tables are {', '.join(ALL_DBS)}")
+
+
+_TOPIC_ROWS = {TOPICS: topics.catalog_row, TOPIC_LOG: topics.log_row, TOPIC_COUNTERS: topics.counter_row,
+               TOPIC_OFFSETS: topics.offsets_row}
 
 
 def check_db(db: str) -> str:
