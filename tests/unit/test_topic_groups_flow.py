@@ -83,7 +83,7 @@ def member3(c: Cluster, cid: str) -> Client:
 def received(m: Client) -> list[tuple[int, int, int]]:
     """(partition, offset, packet id) of the PUBLISHes waiting in ``m``'s inbox (taken out)."""
     out = []
-    for p in m.publishes():
+    for p in (m.publishes5() if isinstance(m, Client5) else m.publishes()):
         part, off = p.payload.decode().split(":")
         out.append((int(part), int(off), p.packet_id))
     return out
