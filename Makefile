@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto nodemqtt chromium clean
+.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto peers nodemqtt chromium clean
 
 install: $(STAMP)
 
@@ -30,6 +30,12 @@ java:
 mosquitto:
 	@(command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto) && command -v mosquitto_sub >/dev/null || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients) >/dev/null)
+
+# Redis (Streams) and NATS (JetStream), the peers of benchmarks/topics_bench.py's durable topics (Debian packages).
+peers:
+	@(command -v redis-server >/dev/null || test -x /usr/bin/redis-server) && \
+		(command -v nats-server >/dev/null || test -x /usr/sbin/nats-server) || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server) >/dev/null)
 
 # MQTT.js (Debian node-mqtt, run by nodejs with NODE_PATH=/usr/share/nodejs): a third-party MQTT 5 client
 # of tests/integration/test_mqtt5_clients.py (Debian packages, installed together).
@@ -60,10 +66,10 @@ test: install java mosquitto nodemqtt chromium
 test-unit: install
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
-bench: install java mosquitto cfleet
+bench: install java mosquitto peers cfleet
 	$(BIN)/python -m benchmarks.run
 
-bench-quick: install java mosquitto
+bench-quick: install java mosquitto peers
 	$(BIN)/python -m benchmarks.run --quick
 
 fuzz: install

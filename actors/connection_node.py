@@ -92,6 +92,9 @@ class _RayShardLink:
     async def request_control(self, shard: int, ops: list[tuple[str, str]]) -> list[Any]:
         return await self._call(shard, "request_control", ops)
 
+    async def topic_append(self, shard: int, items: list[tuple]) -> int:
+        return await self._call(shard, "topic_append", pack_batch(items))
+
 
 @ray.remote(num_cpus=0)
 class ConnectionNode:
@@ -155,6 +158,7 @@ class ConnectionNode:
                             reuse_port=self._reuse_port, listeners=listeners)
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
+        server.broker.sys.add_source(self.edge.appends.sys_values)  # this node's durable-topic appends
         self._restore_retained(server.broker.retained)
         await server.start()  # RuntimeError naming host:port when the bind fails
         self.server = server
@@ -374,6 +378,9 @@ class ConnectionNode:
             self._schedule_flush(wait)  # not worth a call yet: come back when they are due
         if edge.has_tickets() and (self._ingest_task is None or self._ingest_task.done()):
             self._ingest_task = loop.create_task(self._run_ingest())
+        if edge.appends.has_work():  # one topic_append call per shard in flight (fanout.node.topic_appends)
+            for batch in edge.appends.take():
+                loop.create_task(self._run_append(batch))
         if edge.routes.has_forwards():
             for node, messages in edge.routes.take_forwards(self._forward_busy).items():
                 handle = self._peers.get(node)
@@ -407,6 +414,22 @@ class ConnectionNode:
             await self.edge.process_ingest()
         except Exception:
             log.exception("ingest round failed", node_id=self.node_id)
+
+    async def _run_append(self, batch: Any) -> None:
+        try:
+            await self.edge.append(batch)
+        except Exception:
+            log.exception("durable topic append round failed", node_id=self.node_id, shard=batch.shard)
+        finally:
+            if self.edge.appends.has_work():
+                self._schedule_flush()
+
+    async def set_topics(self, specs: list[Any]) -> bool:
+        """The cluster's durable topics (``storage.topics.TopicSpec``), pushed by the controller."""
+        changed = self.edge.set_durable_topics(specs)
+        if changed:
+            log.info("durable topics updated", node_id=self.node_id, topics=sorted(s.name for s in specs))
+        return changed
 
     async def _send_forwards(self, node: str, handle: Any, messages: list[tuple]) -> None:
         try:

@@ -38,12 +38,14 @@ import structlog
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fanout import log as fanout_log
+from fanout.topics.settings import make_spec
 from storage import WriteBatch
 
 from .connection_node import ConnectionNode
 from .names import NODE_RESOURCE, fanout_ray_nodes, remote_error_text
 from .requests import RequestDesk
 from .shards import ShardSet
+from .topics import TopicDesk
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +105,7 @@ class Controller:
         self._gc_running = False
         self._gc_figures: dict[str, Any] = {"ok": 0, "failed": 0, "seconds_sum": 0.0, "deleted": 0, "last_stage_s": {}}
         self.requests = RequestDesk(lambda: self.dispatchers)
+        self.topics = TopicDesk(config, lambda: self.dispatchers, self._alive_nodes)
         self.http = http_service(config, self) if http_service is not None and config.http.port else None
         self._http_task = asyncio.get_event_loop().create_task(self.http.start()) if self.http is not None else None
 
@@ -161,6 +164,7 @@ class Controller:
         self.node_info = {r["node_id"]: r for r in results}  # type: ignore[index]
         await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
         await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
+        await self.topics.start()  # the config's [[topics]] in every store, the list on every node
         self._started = True
         self._loop_task = asyncio.get_running_loop().create_task(self._housekeeping())
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
@@ -232,6 +236,7 @@ class Controller:
                 log.info("connection node added", **info)
             await asyncio.gather(*(d.set_nodes.remote(self.nodes) for d in self.dispatchers))
             await asyncio.gather(*(h.set_peers.remote(self.nodes) for h in self.nodes.values()))
+            await self.topics.push({i["node_id"]: placed[i["node_id"]] for i in infos})
 
     @property
     def dispatchers(self) -> list[Any]:
@@ -339,7 +344,36 @@ class Controller:
             "vehicles_connected": sum(s["connected"] for s in ok),
         }
         return {"nodes": nodes, "shards": shards, "totals": totals, "data_dir": self.data_dir,
-                "replication": await self.replication()}
+                "replication": await self.replication(), "topics": await self._topics_or_error()}
+
+    # -- durable topics (actors.topics) ------------------------------------------------------------------------
+
+    async def _topics_or_error(self) -> Any:
+        try:
+            return await asyncio.wait_for(self.topics.list(), STATUS_TIMEOUT_S)
+        except Exception as exc:  # a shard down: status still answers
+            return {"error": str(exc)[:200]}
+
+    async def create_topic(self, name: str, topic_filter: str, partitions: int = 0, retention: str = "7d",
+                           retention_bytes: str = "1GiB") -> dict[str, Any]:
+        """``fanout topics create``: a durable topic in every store, then on every node. Raises ConfigError or
+        ValueError for an invalid one."""
+        return await self.topics.create(make_spec(name, topic_filter, partitions, retention, retention_bytes))
+
+    async def list_topics(self) -> list[dict[str, Any]]:
+        return await self.topics.list()
+
+    async def show_topic(self, name: str) -> dict[str, Any] | None:
+        return await self.topics.show(name)
+
+    async def topic_info(self, names: list[str] | None = None) -> dict[str, Any]:
+        return await self.topics.info(names)
+
+    async def topic_read(self, requests: list[tuple]) -> list[tuple]:
+        return await self.topics.read(requests)
+
+    async def topic_commit(self, items: list[tuple]) -> int:
+        return await self.topics.commit(items)
 
     async def metrics_snapshot(self) -> dict[str, Any]:
         """What ``/metrics`` renders (``cluster.http.metrics``): the :meth:`status` JSON, every live node's
@@ -427,6 +461,10 @@ class Controller:
             "$SYS/fanout/vehicles/connected": sum(s["connected"] for s in ok),
             "$SYS/fanout/shards": len(self.dispatchers),
         }
+        try:
+            values.update(await asyncio.wait_for(self.topics.sys_values(), STATUS_TIMEOUT_S))
+        except Exception as exc:
+            log.warning("durable topic $SYS values not collected", error=str(exc)[:200])
         self._last_sys = values
         node_ids = sorted(self._alive_nodes())
         await asyncio.gather(*(asyncio.wait_for(self.nodes[n].set_sys.remote(values), STATUS_TIMEOUT_S)

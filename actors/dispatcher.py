@@ -43,6 +43,7 @@ from fanout.dispatcher.core import DispatcherCore
 from fanout.dispatcher.topic_groups import group_bounds
 from fanout.records import pack_batch, unpack_batch
 from fanout.request_control import TOPIC_ACK, TOPIC_INFO
+from fanout.topics.log_calls import TopicCatalog
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
@@ -91,6 +92,7 @@ class Dispatcher:
                                 max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
         self.core = DispatcherCore(self.store, shard, shards, group_bounds=group_bounds(config))
         self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
+        self.topics = TopicCatalog(self.store, shard, shards)  # durable topics held here (fanout.topics.log_calls)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
         self._tick_s = config.fanout.tick_ms / 1000.0
         self._nodes: dict[str, Any] = {}
@@ -330,6 +332,47 @@ class Dispatcher:
         counts = await self._write(batch)
         self.core.lifecycle.swept(lapsed)
         return {"requests": lapsed, "rows": counts.get("expired_rows", 0)}
+
+    # -- durable topics (logic in fanout.topics.log_calls; ONE WriteBatch per call) ----------------------------
+
+    async def topic_append(self, items: list[tuple] | bytes) -> int:
+        """Append one node's :class:`fanout.topics.records.AppendItem` tuples (or ``pack_batch`` of them) in one
+        WriteBatch; returns once it is durable and replicated (the node then acknowledges the publishers).
+
+        Raises:
+            ValueError: an item for a topic or partition this shard does not hold (nothing is written).
+        """
+        items = unpack_batch(items)
+        await self._write(self.topics.append_batch(items, _now_ms()))
+        return len(items)
+
+    async def topic_read(self, requests: list[tuple]) -> list[tuple]:
+        """One :class:`fanout.topics.records.ReadResult` per :class:`fanout.topics.records.ReadRequest`."""
+        return self.topics.read(requests)
+
+    async def topic_commit(self, items: list[tuple]) -> int:
+        """Commit :class:`fanout.topics.records.CommitItem` tuples in one WriteBatch (durable, replicated)."""
+        if items:
+            await self._write(self.topics.commit_batch(items, _now_ms()))
+        return len(items)
+
+    async def topic_info(self, names: list[str] | None = None) -> dict[str, Any]:
+        """Per topic: its spec, the bounds of the partitions held here and each group's committed offsets."""
+        return self.topics.info(names)
+
+    async def create_topic(self, spec: Any) -> dict[str, Any]:
+        """Create (or update the retention of) a durable topic in this shard's store (idempotent).
+
+        Raises:
+            ValueError: an invalid spec, or another partition count than the existing topic's.
+        """
+        await self._write(self.topics.create_batch(spec, _now_ms()))
+        self.topics.refresh()
+        return self.topics.info([spec.name])
+
+    async def topic_specs(self) -> list[Any]:
+        """The ``storage.topics.TopicSpec`` of every topic of this shard's catalog."""
+        return list(self.topics.refresh().values())
 
     # -- introspection ----------------------------------------------------------------------------------------
 

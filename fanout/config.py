@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from fanout.mqtt.settings import AclRule, ConfigError, MQTTSettings, UserConfig
+from fanout.topics.settings import parse_topics, spec_toml
 from fanout.units import UnitError, format_duration_ms, format_size_bytes, parse_duration_ms, parse_size_bytes
 
 ROLES = ("platform", "vehicle", "client", "admin")
@@ -192,6 +193,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "heartbeat_interval": Field("heartbeat_interval_ms", "250ms", _duration(10), "how often the controller probes each shard primary"),
         "replica_timeout": Field("replica_timeout_ms", "2s", _duration(10), "a replica slower than this leaves the ack set; a write short of min_replicas_to_ack fails after it"),
         "tick": Field("tick_ms", "2ms", _duration(0), "dispatcher batching tick"),
+        "max_pending_appends": Field("max_pending_appends", 10_000, _int(1), "publishes to durable topics one node holds unacknowledged while their appends are written; past it a QoS 0 one is not appended (still routed), a QoS 1/2 one is refused (MQTT 5: PUBACK 0x97; 3.1.1: connection closed, the client resends), counted as appends_refused"),
+        "max_pending_append_bytes": Field("max_pending_append_bytes", "64MiB", _size(64 * 1024), "payload bytes of publishes to durable topics one node holds while their appends are written; past it they are treated as past max_pending_appends"),
         "max_forward_queue": Field("max_forward_queue_bytes", "64MiB", _size(64 * 1024), "bytes of publishes queued for one peer node while its previous forward call is in flight; past it further publishes for that peer are dropped (counted as forwards_dropped, logged)"),
     },
     "storage": {
@@ -259,6 +262,8 @@ class Config:
     users: dict[str, UserConfig] = field(default_factory=dict)
     acl: tuple[AclRule, ...] = ()
     source: str | None = None
+    topics: tuple[Any, ...] = ()  # storage.topics.TopicSpec of each [[topics]] table (fanout.topics.settings)
+    builtin_topics: dict[str, tuple[int, int]] = field(default_factory=dict)  # receipts: (retention_ms, bytes)
 
     def replace(self, section: str, **values: Any) -> "Config":
         """A copy with some keys of one section set (values in TOML form, validated)."""
@@ -272,7 +277,8 @@ class Config:
             merged[f.attr] = _parse_field(section, key, f, value)
         raw[section] = merged
         kwargs = {s: Section(s, raw[s]) for s in SCHEMA}
-        return Config(**kwargs, users=self.users, acl=self.acl, source=self.source)
+        return Config(**kwargs, users=self.users, acl=self.acl, source=self.source, topics=self.topics,
+                      builtin_topics=self.builtin_topics)
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective configuration in TOML form (for ``fanout config show``); hashes are masked."""
@@ -285,6 +291,9 @@ class Config:
             {k: v for k, v in (("action", r.action), ("topic", r.topic), ("allow", r.allow), ("role", r.role), ("user", r.user)) if v is not None}
             for r in self.acl
         ]
+        out["topics"] = [spec_toml(t) for t in self.topics] + [
+            {"name": name, "retention": format_duration_ms(ms), "retention_bytes": format_size_bytes(size)}
+            for name, (ms, size) in self.builtin_topics.items()]
         return out
 
 
@@ -339,9 +348,9 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"config file {p} cannot be read: {exc}") from None
         source = str(p)
-    unknown = set(raw) - set(SCHEMA) - {"users", "acl"}
+    unknown = set(raw) - set(SCHEMA) - {"users", "acl", "topics"}
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (known: {', '.join([*SCHEMA, 'users', 'acl'])})")
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (known: {', '.join([*SCHEMA, 'users', 'acl', 'topics'])})")
 
     sections: dict[str, Section] = {}
     env = os.environ if env is None else env
@@ -366,7 +375,9 @@ def load_config(
         if section not in SCHEMA:
             raise ConfigError(f"{section}: unknown section")
     _check_listeners(sections["mqtt"])
-    return Config(**sections, users=_parse_users(raw.get("users", {})), acl=_parse_acl(raw.get("acl", [])), source=source)
+    topics, builtin = parse_topics(raw.get("topics", []))
+    return Config(**sections, users=_parse_users(raw.get("users", {})), acl=_parse_acl(raw.get("acl", [])), source=source,
+                  topics=topics, builtin_topics=builtin)
 
 
 def _check_listeners(m: Section) -> None:

@@ -19,6 +19,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cluster.cli.status",
     "cluster.cli.gc",
     "cluster.cli.requests",
+    "cluster.cli.topics",
+    "cluster.cli.consume",
     *core_cli.JOB_COMMANDS,
 )
 

@@ -161,6 +161,7 @@ class IngestTicket:
     retain: bool
     dup: bool
     properties: Any = None
+    routed: bool = False  # a publish on a durable topic (BrokerHooks.durable_topic): already routed live
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +194,20 @@ class BrokerHooks:
         ingest_prefix: topic prefix of ingest publishes.
         heartbeat_prefix: topic prefix whose publishes also produce a :class:`Heartbeat` event.
         forward_publishes: emit a :class:`LocalPublish` per accepted publish (cluster forwarding).
+        append_durable: ask :meth:`durable_topic` about every accepted publish outside the ingest prefix; a
+            durable one is routed as usual but acknowledged only later, through an :class:`IngestTicket` with
+            ``routed=True`` (``complete_publish`` / ``reject_publish``), once the embedding appended it.
     """
 
     intercept_ingest: bool = False
     ingest_prefix: str = "$SDV-FANOUT/"
     heartbeat_prefix: str = "ecp/"
     forward_publishes: bool = False
+    append_durable: bool = False
+
+    def durable_topic(self, topic: str) -> bool:
+        """Whether a publish on ``topic`` goes to a durable topic's log (only asked with :attr:`append_durable`)."""
+        return False
 
     def claims_shared(self, group: str, inner: str) -> bool:
         """True when the embedding serves the shared subscription ``$share/<group>/<inner>`` itself (a durable

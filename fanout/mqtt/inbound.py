@@ -79,6 +79,11 @@ class Inbound:
                 self._emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if st.forward:
                 self._emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain))
+            durable = st.durable
+            if durable is not None and durable(topic):  # routed now, acknowledged once appended
+                if self.ingest(conn, p, routed=True):
+                    self._delivery.route(topic, p.payload, qos, p.retain, None, conn.client_id)
+                return
         if qos != 2:
             # Delivery.route inlined: this is the per-message path of QoS 0 and 1
             payload = p.payload
@@ -136,23 +141,28 @@ class Inbound:
 
     # -- ingest interception -----------------------------------------------------------------
 
-    def ingest(self, conn: Connection, p: Any) -> None:
-        """Hand an intercepted publish to the embedding (an :class:`IngestTicket`); acknowledged later."""
+    def ingest(self, conn: Connection, p: Any, routed: bool = False) -> bool:
+        """Hand an intercepted publish to the embedding (an :class:`IngestTicket`); acknowledged later.
+
+        ``routed``: a publish on one of the hooks' durable topics, which the caller routes when this returns
+        True (a ticket was emitted); False means a resend of one being written or already stored.
+        """
         pid = p.packet_id
         if pid is not None:
             pending = conn.pending_ingest
             if pending is None:
                 pending = conn.pending_ingest = {}
             elif pid in pending:
-                return  # DUP resend while the first copy is being written: its ack will answer both
+                return False  # DUP resend while the first copy is being written: its ack will answer both
             q2 = conn.session.inbound_qos2
             if p.qos == 2 and q2 is not None and pid in q2:
                 self._write(conn, encode_pubrec(pid))  # already stored, awaiting PUBREL
-                return
+                return False
             pending[pid] = p.qos
         props = getattr(p, "properties", None)  # MQTT 5 (Publish5); a 3.1.1 Publish has none
         self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
-                                props))
+                                props, routed))
+        return True
 
     def _ingest_conn(self, client_id: str, generation: int | None) -> Connection | None:
         s = self._st.sessions.get(client_id)

@@ -130,6 +130,14 @@ class Inbound5:
             if st.forward:
                 st.emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain,
                                      forwarded_properties(props) if msg is not None else None))
+            durable = st.durable
+            if durable is not None and durable(topic):  # routed now, acknowledged once appended
+                if topic is not p.topic or props.topic_alias is not None:  # the ticket names the topic itself
+                    p = Publish5(topic, p.payload, qos, p.retain, p.dup, p.packet_id,
+                                 props.replace(topic_alias=None) if props is not EMPTY_PROPERTIES else props)
+                if self._inbound.ingest(conn, p, routed=True):
+                    self._delivery.route(topic, p.payload, qos, p.retain, msg, conn.client_id)
+                return
         if qos == 2:
             if not s.qos2_received(p.packet_id):
                 self._ack(conn, 2, p.packet_id, 0)  # a DUP resend: routed the first time

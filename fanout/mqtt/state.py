@@ -56,7 +56,7 @@ class BrokerState:
         events: hook events pending for the next flush (None without hooks).
         drops_unreported: sessions whose queue dropped messages since the last log line.
         now: the latest time the adapter reported.
-        hooked, ingest_prefix, heartbeat_prefix, forward, error_prefix: the hooks' switches, flattened
+        hooked, ingest_prefix, heartbeat_prefix, forward, error_prefix, durable: the hooks' switches, flattened
             for the per-message path.
         clients_connected ... protocol_errors, v5_connected, expired_dropped, too_large_dropped: ``$SYS``
             counters (see :mod:`sys_stats`).
@@ -68,7 +68,7 @@ class BrokerState:
     __slots__ = (
         "settings", "acl", "hooks", "limits", "queue_budget", "pressure", "sessions", "connections", "trie", "retained", "offline",
         "match_cache", "wheel", "dirty", "events", "wake", "drops_unreported", "now",
-        "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix",
+        "hooked", "ingest_prefix", "heartbeat_prefix", "forward", "error_prefix", "durable",
         "clients_connected", "clients_maximum", "msgs_received", "msgs_sent", "pub_received", "pub_sent",
         "pub_dropped", "pub_denied", "bytes_received", "bytes_sent", "subscription_count", "acks_unknown",
         "protocol_errors", "deliveries_denied", "caps", "v5_connected", "expired_dropped", "too_large_dropped",
@@ -99,6 +99,7 @@ class BrokerState:
         self.ingest_prefix = hooks.ingest_prefix if hooks is not None and hooks.intercept_ingest else None
         self.heartbeat_prefix = hooks.heartbeat_prefix if hooks is not None and hooks.heartbeat_prefix else None
         self.forward = bool(hooks is not None and hooks.forward_publishes)
+        self.durable = hooks.durable_topic if hooks is not None and hooks.append_durable else None
         self.error_prefix = (hooks.ingest_prefix if hooks is not None else BrokerHooks.ingest_prefix) + "errors/"
         self.clients_connected = 0
         self.clients_maximum = 0

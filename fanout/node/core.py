@@ -49,7 +49,9 @@ from fanout.node.delivery_props import BatchProps
 from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
 from fanout.node.event_batching import EventBatching
 from fanout.node.ingest_rounds import IngestRounds, ShardLink
+from fanout.node.topic_appends import AppendBatch, TopicAppends
 from fanout.node.topic_groups import NodeGroups, durable_filters
+from fanout.topics.matcher import DurableTopics
 from fanout.request_control import Reply, replies_topic
 from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
 from fanout.records import (
@@ -91,6 +93,7 @@ class NodeCore(BrokerHooks):
 
     intercept_ingest = True
     forward_publishes = True
+    append_durable = True  # durable_topic: an instance attribute, DurableTopics.matches
 
     def __init__(self, config: Any, node_id: str, link: ShardLink, *, on_pending: Callable[[], None] | None = None,
                  clock_us: Callable[[], int] | None = None, incarnation: int | None = None,
@@ -104,6 +107,11 @@ class NodeCore(BrokerHooks):
         self._wall_us = clock_us or (lambda: time.time_ns() // 1000)  # subscription times (EV_SUBSCRIBED)
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
+        self._link = link
+        self.durable = DurableTopics(self.shards, config.topics if config is not None else ())
+        self.durable_topic = self.durable.matches  # asked by the broker per publish (BrokerHooks.durable_topic)
+        self.appends = TopicAppends(self.durable, *((config.fanout.max_pending_appends,
+                                                     config.fanout.max_pending_append_bytes) if config is not None else ()))
         self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix),
                                  max_queue_bytes=config.fanout.max_forward_queue_bytes if config is not None else 64 << 20)
         self._wake = on_pending or (lambda: None)
@@ -124,7 +132,7 @@ class NodeCore(BrokerHooks):
         self._registering: dict[int, list[tuple[str, int]]] = {}
         self._registering_sent: dict[int, list[tuple[str, int]]] = {}
         self.groups = NodeGroups(self.shards, self._emit, max_groups_per_client=config.fanout.topic_groups_per_client
-                                 if config is not None else 16, filters=durable_filters(config))
+                                 if config is not None else 16, filters=durable_filters(config.topics if config is not None else ()))
 
     def attach(self, broker: Any) -> None:
         """Give the edge its broker (created with this object as ``hooks``).
@@ -182,7 +190,10 @@ class NodeCore(BrokerHooks):
                 if self.routes.forward(e.topic, e.payload, e.qos, e.retain, e.properties):
                     woke = True
             elif t is IngestTicket:
-                self._tickets.append(e)
+                if e.routed:
+                    self._append(e)
+                else:
+                    self._tickets.append(e)
                 woke = True
             elif t is ClientConnected:
                 self._connected(e)
@@ -505,6 +516,47 @@ class NodeCore(BrokerHooks):
             if self.routes.forward(ERRORS_TOPIC_PREFIX + t.client_id, payload, 1, False):
                 self._wake()
 
+    # -- durable topics (fanout.node.topic_appends) ----------------------------------------------------
+
+    def _append(self, ticket: IngestTicket) -> None:
+        error = self.appends.add(ticket)
+        if error is not None:
+            self._reject(ticket, self._for_protocol(ticket, error))
+        elif self.appends.settled_waiting:
+            self._settle(self.appends.take_settled())
+
+    def set_durable_topics(self, specs: Iterable[Any]) -> bool:
+        """The cluster's durable topics (``storage.topics.TopicSpec``) changed; returns True when they did."""
+        specs = list(specs)
+        self.groups.set_filters(durable_filters(specs))  # their $share subscriptions are consumer groups
+        return self.durable.set_specs(specs)
+
+    async def append(self, batch: AppendBatch) -> int:
+        """Make one shard's batch durable (one ``topic_append`` call), then acknowledge or refuse its tickets.
+
+        Returns:
+            The number of tickets settled.
+        """
+        failure: BaseException | None = None
+        try:
+            await self._link.topic_append(batch.shard, batch.items)  # type: ignore[attr-defined]
+        except Exception as exc:  # dispatcher gone, store full: refused, never acknowledged
+            failure = exc
+        return self._settle(self.appends.done(batch, failure))
+
+    def _settle(self, settled: list[tuple[IngestTicket, dict | None]]) -> int:
+        for t, error in settled:
+            if error is None:
+                self.broker.complete_publish(t.client_id, t.packet_id, t.generation)
+            else:
+                self._reject(t, self._for_protocol(t, error))
+        return len(settled)
+
+    @staticmethod
+    def _for_protocol(t: IngestTicket, error: dict) -> dict:
+        """A 3.1.1 publisher's error body has no MQTT 5 reason code (as ingest's)."""
+        return error if t.properties is not None else {k: v for k, v in error.items() if k != "reason_code"}
+
     # -- introspection -------------------------------------------------------------------------------
 
     def generation_of(self, client_id: str) -> int | None:
@@ -529,6 +581,7 @@ class NodeCore(BrokerHooks):
             "rejected": self.ingest.rejected,
             "forwarded": self.routes.forwarded,
             "forwards_dropped": self.routes.dropped,
+            **self.appends.stats(),
             **self.routes.shared_stats(),
             "peers": sorted(self.routes.peers),
         }

@@ -35,6 +35,7 @@ from fanout.mqtt.message5 import message_props
 from fanout.mqtt.properties import Properties
 from fanout.topics.groups import parse_start
 from fanout.topics.groups_records import GroupAck, GroupFailed, GroupJoin, GroupLeave
+from storage.topics import RECEIPTS
 
 log = structlog.get_logger(__name__)
 
@@ -58,14 +59,9 @@ def split_shared(topic_filter: str) -> tuple[str, str] | None:
     return group, inner
 
 
-def durable_filters(config: Any) -> set[str]:
-    """The filters of the durable topics in ``config`` (``[[topics]]``; none when the config has none)."""
-    out = set()
-    for t in (getattr(config, "topics", None) or ()) if config is not None else ():
-        f = t.get("filter") if isinstance(t, dict) else getattr(t, "filter", None)
-        if f:
-            out.add(f)
-    return out
+def durable_filters(specs: Iterable[Any]) -> set[str]:
+    """The filters of durable topics (``storage.topics.TopicSpec``), the built-in ``receipts`` always among them."""
+    return {s.filter for s in specs} | {RECEIPTS.filter}
 
 
 def delivery_properties(partition: int, offset: int, ts_ms: int, publisher: str, kept: Any) -> Properties:

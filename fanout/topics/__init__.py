@@ -1,1 +1,2 @@
-"""Durable topics (issue 14): consumer groups over the store's per-partition topic logs."""
+"""Durable topics: ``[[topics]]`` settings, the publish matcher, consumer helpers, and the consumer groups over the
+store's per-partition topic logs (``groups*.py``)."""

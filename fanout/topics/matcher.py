@@ -1,0 +1,66 @@
+"""Which durable topics a publish goes to, and into which partition: the node's side of the append path.
+
+Strategy: the durable topics' filters live in the broker's own subscription trie (:mod:`fanout.mqtt.trie`),
+keyed by topic name, so a publish costs one trie walk whose first level usually ends it (a vehicle's
+``ecp/<VIN>/heartbeat`` against ``ecp/+/response`` stops at the third level without allocating a result
+entry). The set of topics changes rarely (start-up, ``fanout topics create``): :meth:`DurableTopics.set_specs`
+rebuilds the trie. The partition is :func:`storage.topics.partition_for` (the VIN level where the filter has
+one, so a vehicle's messages stay in order in one partition).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from fanout.mqtt.trie import SubscriptionTrie
+from fanout.topics.settings import RECEIPTS
+
+
+class DurableTopics:
+    """The durable topics a node appends to.
+
+    Args:
+        shards: the store shard count (``partitions = 0`` means one partition per shard).
+        specs: initial :class:`storage.topics.TopicSpec` (the built-in ``receipts`` is skipped: the store
+            appends to it).
+    """
+
+    def __init__(self, shards: int, specs: Iterable[Any] = ()) -> None:
+        from storage.topics import partition_for, shard_of_partition
+
+        self.shards = shards
+        self._partition_for = partition_for
+        self._shard_of = shard_of_partition
+        self._trie: SubscriptionTrie[str] = SubscriptionTrie()
+        self.specs: dict[str, Any] = {}
+        self.set_specs(specs)
+
+    def set_specs(self, specs: Iterable[Any]) -> bool:
+        """Replace the topic set. Returns True when it changed."""
+        new = {s.name: s for s in specs if s.name != RECEIPTS}
+        if new == self.specs:
+            return False
+        trie: SubscriptionTrie[str] = SubscriptionTrie()
+        for spec in new.values():
+            trie.add(spec.filter, spec.name, 1)
+        self._trie, self.specs = trie, new
+        return True
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    def matches(self, topic: str) -> bool:
+        """Whether a publish on ``topic`` is appended somewhere (the broker asks it per publish)."""
+        return bool(self.specs) and bool(self._trie.match(topic))
+
+    def targets(self, topic: str, client_id: str) -> list[tuple[str, int, int]]:
+        """``(topic name, partition, shard)`` of every durable topic ``topic`` goes to."""
+        out = []
+        specs = self.specs
+        for name in self._trie.match(topic):
+            spec = specs[name]
+            p = self._partition_for(spec, topic, client_id, self.shards)
+            out.append((name, p, self._shard_of(p, self.shards)))
+        return out
+
+
+__all__ = ["DurableTopics"]

@@ -1,0 +1,30 @@
+"""DurableTopics: which durable topics a publish goes to, and its partition."""
+from __future__ import annotations
+
+from fanout.topics.matcher import DurableTopics
+from storage.topics import RECEIPTS, TopicSpec, partition_for
+
+RESP = TopicSpec.build("responses", "ecp/+/response")
+ALL_ECP = TopicSpec.build("ecp-all", "ecp/#", partitions=3)
+PLANT = TopicSpec.build("plant", "plant/line1")
+
+
+def test_matches_and_targets():
+    d = DurableTopics(2, [RESP, ALL_ECP, PLANT, RECEIPTS])
+    assert set(d.specs) == {"responses", "ecp-all", "plant"}  # receipts is the store's own
+    assert d.matches("ecp/VIN1/response") and d.matches("ecp/VIN1/heartbeat") and d.matches("plant/line1")
+    assert not d.matches("plant/line2") and not d.matches("agent/VIN1/proxy/request/r1")
+    got = sorted(d.targets("ecp/VIN1/response", "VIN1"))
+    p_resp = partition_for(RESP, "ecp/VIN1/response", "VIN1", 2)
+    p_all = partition_for(ALL_ECP, "ecp/VIN1/response", "VIN1", 2)
+    assert got == sorted([("responses", p_resp, p_resp % 2), ("ecp-all", p_all, p_all % 2)])
+    assert 0 <= p_all < 3
+    # the VIN level keys the partition: one vehicle's messages in one partition whoever publishes them
+    assert {t[1] for t in d.targets("ecp/VIN1/response", "x") if t[0] == "responses"} == {p_resp}
+
+
+def test_dollar_topics_and_changes():
+    d = DurableTopics(2, [TopicSpec.build("all", "#")])
+    assert d.matches("a/b") and not d.matches("$SYS/broker/uptime")  # MQTT-4.7.2-1
+    assert d.set_specs([]) is True and not d and not d.matches("a/b")
+    assert d.set_specs([]) is False
