@@ -72,7 +72,7 @@ class Consumer:
                  topic_filter: str, start: str | int = "latest", *, client_id: str, keepalive_s: int = 30,
                  max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.topic, self.group = topic, group
-        self.start = parse_start(start)
+        self.start_at = parse_start(start)
         self.share = f"$share/{group}/{topic_filter}"
         self.host, self.port = host, port
         self._keepalive_s = keepalive_s
@@ -140,7 +140,7 @@ class Consumer:
             log.warning("client.consume_connect_refused", reason=str(rc), group=self.group, topic=self.topic)
             return
         sub = Properties(PacketTypes.SUBSCRIBE)
-        sub.UserProperty = [("start", str(self.start))]
+        sub.UserProperty = [("start", str(self.start_at))]
         client.subscribe(self.share, options=SubscribeOptions(qos=1), properties=sub)
         self._loop.call_soon_threadsafe(self._connected.set)
 

@@ -1,7 +1,7 @@
 """Consumer groups of durable topics over MQTT on a real cluster (the shared local Ray): ``$share/<group>/<filter>``
 members with paho MQTT 5 and 3.1.1 and amqtt, their PUBACKs committing the group's position, a departed member's
 unacknowledged messages going to the other member, ``start=earliest``, per-vehicle order, the position across
-disconnects and a whole-cluster restart, and the platform client's ``consume`` / ``msg.ack`` / ``client.ack``."""
+disconnects (a whole-cluster restart: test_topic_groups_restart.py), and the platform client's ``consume`` / ``msg.ack`` / ``client.ack``."""
 from __future__ import annotations
 
 import asyncio
@@ -142,7 +142,7 @@ def test_two_members_share_the_partitions_in_per_vehicle_order(fanout):
 
 
 def test_departed_member_messages_go_to_the_other_member(fanout):
-    holder = Member(fanout.port, "takeover", v5=True, start="earliest", manual_ack=True, client_id="takeover-a")
+    holder = Member(fanout.port, "takeover", v5=True, manual_ack=True, client_id="takeover-a")  # latest
     try:
         settle()
         vin = vins_of_partition(0, 1, "TK")[0]
@@ -203,49 +203,32 @@ async def test_platform_client_consume_ack_and_explicit_commit(fanout, tmp_path)
     async with FanoutClient("127.0.0.1", fanout.port, "platform", "platform", outbox_dir=tmp_path / "outbox") as client:
         assert (await client.topic_info("responses"))["filter"] == RESPONSES.filter
         seen = []
+        mine = 0
         held = None
-        async for msg in client.consume("responses", "platform", start="earliest"):
+        async for msg in client.consume("responses", "platform", start="earliest"):  # earlier tests' too
             assert msg.topic == "responses" and msg.mqtt_topic == f"ecp/{msg.client_id}/response"
             seen.append((msg.partition, msg.offset, msg.payload))
-            if held is None:
-                held = msg  # acknowledged last: the PUBACKs after it wait for it
-            else:
-                await msg.ack()
-            if len(seen) == 6:
+            mine += msg.client_id in vins
+            if held is None and msg.client_id in vins:
+                held = msg  # acknowledged after the next one: that PUBACK waits for this one's
+                continue
+            await msg.ack()
+            if held is not None and held._slot is not None and not held._slot[2]:
                 await held.ack()
+            if mine == 6:
                 break
         per_partition = {}
         for p, off, payload in seen:
             per_partition.setdefault(p, []).append((off, payload))
         for p, items in per_partition.items():
             assert [o for o, _ in items] == sorted(o for o, _ in items)  # offset order per partition
-        assert {payload for _p, _o, payload in seen} == {f"{v}:{i}".encode() for v in vins for i in range(3)}
+        assert {payload for _p, _o, payload in seen} >= {f"{v}:{i}".encode() for v in vins for i in range(3)}
         p0_last = max(o for o, _ in per_partition[0])
         assert await client.ack("responses", "platform", 0, p0_last) == p0_last
         assert await client.ack("responses", "platform", 0, 0) == p0_last  # never back
         await loop.run_in_executor(None, publish, fanout.port, vins[0], [b"after"])
         async for msg in client.consume("responses", "platform"):
-            assert (msg.partition, msg.payload) == (0, b"after")  # resumed after the commits
             await msg.ack()
-            break
-
-
-def test_group_position_survives_a_cluster_restart(ray_local, tmp_path):
-    cfg = dataclasses.replace(fanout_config(tmp_path), topics=(RESPONSES,))
-    vin = vins_of_partition(0, 1, "RS")[0]
-    with running_cluster(cfg) as cluster:
-        m = Member(cluster.port, "restart", v5=True, start="earliest", client_id="restart-a")
-        try:
-            settle()
-            publish(cluster.port, vin, [b"r1", b"r2"])
-            wait_until(lambda: len(m.got) == 2, 30, "both delivered")
-            settle(0.5)  # committed
-        finally:
-            m.close()
-        publish(cluster.port, vin, [b"r3"])
-    with running_cluster(cfg) as cluster:
-        m = Member(cluster.port, "restart", v5=True, start="earliest", client_id="restart-b")
-        try:
-            wait_until(lambda: [p for _t, p in m.got] == [b"r3"], 30, "only what was not acknowledged")
-        finally:
-            m.close()
+            if msg.partition == 0:  # committed up to p0_last: the next one there is the new message
+                assert (msg.offset, msg.payload) == (p0_last + 1, b"after")
+                break
