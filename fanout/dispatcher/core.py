@@ -414,7 +414,7 @@ class DispatcherCore:
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``fanout status`` and ``$SYS/fanout/...``."""
-        return introspection.shard_stats(self)
+        return {**introspection.shard_stats(self), **self.topic_groups.stats()}
 
     def inspect_vin(self, vin: str) -> dict[str, Any]:
         """Dispatch state and pending rows of one VIN."""

@@ -582,6 +582,7 @@ class NodeCore(BrokerHooks):
             "forwarded": self.routes.forwarded,
             "forwards_dropped": self.routes.dropped,
             **self.appends.stats(),
+            **self.groups.stats(),
             **self.routes.shared_stats(),
             "peers": sorted(self.routes.peers),
         }

@@ -220,6 +220,12 @@ class ShardGroups:
             if ps is not None and ps.written >= offset:
                 ps.written = offset - 1
 
+    def stats(self) -> dict[str, int]:
+        """Counters for ``fanout status``: groups and members served here, messages sent and acknowledged, joins
+        refused by a bound."""
+        return {"groups": len(self.groups), "group_members": sum(len(g.members) for g in self.groups.values()),
+                "group_sent": self.sent, "group_acked": self.acked, "group_refused": self.refused}
+
     def info(self) -> list[dict[str, Any]]:
         """Per (topic, group): members and per partition committed offset and log end (status, ``$SYS``)."""
         return [{"topic": t, "group": gname, "members": sorted(g.members),

@@ -174,3 +174,16 @@ def test_explicit_commit_moves_a_served_group(c):
     assert core.topic_groups.explicit_committed(op) == {"committed": 3}
     assert c.cores[1].topic_groups.explicit_commit(op, c.now) == (None, None)  # not its partition
     assert core.topic_groups.explicit_commit(encode_topic_ack("nope", "g", 0, 1), c.now)[1]["error"]
+
+
+def test_group_and_member_bounds_are_counted(c):
+    from fanout.topics.groups_records import GroupJoin
+    g = c.cores[0].topic_groups
+    g.max_groups, g.max_members = 1, 2
+    for cid, group in (("a", "one"), ("b", "one"), ("c", "one"), ("d", "two")):
+        g.on_event("n0", GroupJoin.build(cid, 1, group, FILTER, 8, "latest"))
+    assert list(g.groups) == [(TOPIC, "one")]
+    assert sorted(g.groups[(TOPIC, "one")].members) == ["a", "b"]
+    assert g.stats()["group_refused"] == 2
+    g.on_event("n0", GroupJoin.build("e", 1, "x", "no/such/+", 8, "latest"))  # not a durable filter: nothing
+    assert list(g.groups) == [(TOPIC, "one")]
