@@ -1,3 +1,4 @@
+# Over 500 lines: one actor shell per shard whose every call site (ingest, events, requests, topics, consumer groups) is a few lines; the logic lives in fanout/dispatcher and fanout/topics.
 """Dispatcher actor: owns one LMDB shard and the dispatch state of its VINs (a thin shell over DispatcherCore).
 
 Strategy:
