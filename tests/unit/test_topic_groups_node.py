@@ -132,3 +132,31 @@ def test_groups_per_client_bound(c):
     ev = group_events(c)
     assert [e[3] for e in ev[0]] == ["a"]
     assert c.edge.groups.refused == 1
+
+
+def test_acl_at_delivery_evicts_a_member_that_may_not_read(tmp_path):
+    import dataclasses
+
+    from fanout.config import mqtt_settings
+    from fanout.mqtt.auth import AccessControl
+    from fanout.mqtt.broker import Broker
+    from fanout.mqtt.settings import AclRule
+
+    c = Cluster(tmp_path, shards=2)
+    try:
+        cfg = dataclasses.replace(c.cfg, acl=(AclRule("subscribe", "ecp/SECRET/#", False),))
+        c.broker = Broker(mqtt_settings(cfg), AccessControl(mqtt_settings(cfg), listener_is_loopback=True), c.edge,
+                          now_ms=c.now)
+        c.edge.attach(c.broker)
+        c.edge.groups.set_filters({DURABLE})
+        m = Client(c, "consumer-7")
+        m.subscribe(f"$share/g7/{DURABLE}")  # the filter itself is allowed
+        gen = c.edge.generation_of("consumer-7")
+        group_events(c)
+        send(c, GroupSend.build("consumer-7", gen, "responses", "g7", 0, 3, 1, "ecp/SECRET/response", "SECRET", 1,
+                                b"x", None))
+        assert m.publishes() == []  # checked at delivery: not sent
+        ev = group_events(c)
+        assert ev == {0: [(EV_GROUP_FAILED, "consumer-7", gen, "responses", "g7", 0, 3, True)]}  # evict
+    finally:
+        c.close()
