@@ -159,6 +159,7 @@ class ConnectionNode:
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
         server.broker.sys.add_source(self.edge.appends.sys_values)  # this node's durable-topic appends
+        server.broker.sys.add_source(self.edge.groups.sys_values)  # its consumer-group members (fanout.node.topic_groups)
         self._restore_retained(server.broker.retained)
         await server.start()  # RuntimeError naming host:port when the bind fails
         self.server = server

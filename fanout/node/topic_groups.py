@@ -216,5 +216,9 @@ class NodeGroups:
         return {"group_members": sum(len(v) for v in self._subs.values()), "group_sent": self.sent,
                 "group_failed": self.failed, "group_refused": self.refused}
 
+    def sys_values(self) -> dict[str, int]:
+        """This node's ``$SYS/fanout/groups/...`` values (published with its ``$SYS`` tree)."""
+        return {f"$SYS/fanout/groups/{k[6:]}": v for k, v in self.stats().items()}
+
 
 __all__ = ["NodeGroups", "split_shared", "delivery_properties", "durable_filters"]

@@ -132,6 +132,7 @@ def test_groups_per_client_bound(c):
     ev = group_events(c)
     assert [e[3] for e in ev[0]] == ["a"]
     assert c.edge.groups.refused == 1
+    assert c.edge.groups.sys_values()["$SYS/fanout/groups/refused"] == 1
 
 
 def test_acl_at_delivery_evicts_a_member_that_may_not_read(tmp_path):
