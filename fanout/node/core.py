@@ -131,8 +131,9 @@ class NodeCore(BrokerHooks):
         # events call in flight, per shard (see events_done)
         self._registering: dict[int, list[tuple[str, int]]] = {}
         self._registering_sent: dict[int, list[tuple[str, int]]] = {}
-        self.groups = NodeGroups(self.shards, self._emit, max_groups_per_client=config.fanout.topic_groups_per_client
-                                 if config is not None else 16, filters=durable_filters(config.topics if config is not None else ()))
+        self.groups = NodeGroups(self.shards, self._emit, **({"max_groups_per_client": config.fanout.topic_groups_per_client,
+                                 "max_window": config.fanout.topic_group_inflight} if config is not None else {}),
+                                 filters=durable_filters(config.topics if config is not None else ()))
 
     def attach(self, broker: Any) -> None:
         """Give the edge its broker (created with this object as ``hooks``).
@@ -295,7 +296,7 @@ class NodeCore(BrokerHooks):
 
     def _group_subscribed(self, e: Subscribed, generation: int) -> None:
         s = self.broker.session_of(e.client_id) if self.broker is not None else None
-        self.groups.subscribed(e.client_id, generation, e.filters, e.user_properties, s.inflight_cap if s else 1)
+        self.groups.subscribed(e.client_id, generation, e.filters, e.user_properties, self.groups.window(s))
 
     def deliver_groups(self, sends: Sequence[tuple]) -> int:
         """Consumer-group sends of a dispatcher's ``deliver`` call (:meth:`NodeGroups.deliver`)."""

@@ -8,7 +8,7 @@ subscriptions and reports, in its ordinary batched ``events`` calls:
 
 - a join (:class:`GroupJoin`) to EVERY dispatcher (each serves the group's partitions of its shard) on
   subscribe and on a resumed session's reconnect, carrying the session's window (its Receive Maximum or
-  ``mqtt.max_inflight``) and the SUBSCRIBE's ``start`` User Property; a leave (:class:`GroupLeave`) on
+  ``fanout.topic_group_inflight``) and the SUBSCRIBE's ``start`` User Property; a leave (:class:`GroupLeave`) on
   unsubscribe and on disconnect;
 - the member's PUBACK of a group message (the broker's ``Delivered`` event; its tag is ``(topic, group,
   partition, offset)``) as a :class:`GroupAck` to the dispatcher of the partition; a send the session did
@@ -85,12 +85,15 @@ class NodeGroups:
         shards: the dispatcher count.
         emit: ``emit(shard, event)`` queues an event for a dispatcher's next ``events`` call.
         max_groups_per_client: the bound on claimed subscriptions per client.
+        max_window: ``fanout.topic_group_inflight``: a member's window when its client names none (3.1.1), and
+            the cap of an MQTT 5 client's Receive Maximum.
         filters: the durable topics' filters known at start (:meth:`set_filters` replaces them).
     """
 
     def __init__(self, shards: int, emit: Callable[[int, tuple], None], *, max_groups_per_client: int = 16,
-                 filters: Iterable[str] = ()) -> None:
+                 max_window: int = 256, filters: Iterable[str] = ()) -> None:
         self.shards = shards
+        self.max_window = max_window
         self._emit = emit
         self.max_groups_per_client = max_groups_per_client
         self.filters: set[str] = set(filters)
@@ -112,6 +115,12 @@ class NodeGroups:
     def _broadcast(self, event: tuple) -> None:
         for shard in range(self.shards):
             self._emit(shard, event)
+
+    def window(self, session: Any) -> int:
+        """A member's window: its MQTT 5 Receive Maximum, else ``max_window``, capped by ``max_window`` (the
+        broker's session queues what exceeds its own ``mqtt.max_inflight``)."""
+        link = session.conn.v5 if session is not None and session.conn is not None else None
+        return min(link.receive_maximum, self.max_window) if link is not None else self.max_window
 
     def subscribed(self, client_id: str, generation: int, filters: Iterable[tuple[str, int]],
                    user_properties: Iterable[tuple[str, str]], window: int) -> None:
@@ -156,7 +165,7 @@ class NodeGroups:
             return
         claimed = [(f, q) for f, q in session.subs.items() if f.startswith(_SHARE)]
         if claimed:
-            self.subscribed(client_id, generation, claimed, (), session.inflight_cap)
+            self.subscribed(client_id, generation, claimed, (), self.window(session))
 
     def disconnected(self, client_id: str, generation: int, session: Any) -> None:
         """The connection ended: the client leaves its groups; a kept session forgets their messages."""

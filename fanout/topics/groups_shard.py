@@ -124,7 +124,8 @@ class ShardGroups:
         elif cid not in g.members and len(g.members) >= self.max_members:
             self._refuse("topics.max_group_members", cid, topic, group, limit=self.max_members)
             return
-        g.join(cid, node, gen, min(window, self.max_inflight))
+        # every dispatcher serves the member: each takes its share of the member's window
+        g.join(cid, node, gen, max(1, min(window, self.max_inflight) // self.shards))
 
     def _refuse(self, bound: str, cid: str, topic: str, group: str, **kw: Any) -> None:
         self.refused += 1

@@ -86,7 +86,7 @@ def test_mqtt311_member_is_claimed_too_and_acks(c):
     m.subscribe(f"$share/g2/{DURABLE}")
     gen = c.edge.generation_of("consumer-3")
     ev = group_events(c)
-    assert ev[0] == ev[1] == [GroupJoin.build("consumer-3", gen, "g2", DURABLE, 32, "latest")]
+    assert ev[0] == ev[1] == [GroupJoin.build("consumer-3", gen, "g2", DURABLE, 256, "latest")]
     send(c, GroupSend.build("consumer-3", gen, "responses", "g2", 0, 7, 1, "ecp/V2/response", "V2", 1, b"x", None))
     (p,) = m.publishes()
     assert (p.topic, p.payload, p.qos) == ("ecp/V2/response", b"x", 1)
@@ -107,7 +107,7 @@ def test_disconnect_leaves_and_a_stale_generation_fails_the_send(c):
     m2 = Client(c, "consumer-4", clean=False)  # resumed: joins again with its new generation
     gen2 = c.edge.generation_of("consumer-4")
     ev = group_events(c)
-    assert ev[0] == ev[1] == [GroupJoin.build("consumer-4", gen2, "g3", DURABLE, 32, "latest")]
+    assert ev[0] == ev[1] == [GroupJoin.build("consumer-4", gen2, "g3", DURABLE, 256, "latest")]
     assert m2.publishes() == []
     send(c, GroupSend.build("consumer-4", gen, "responses", "g3", 1, 1, 1, "ecp/V3/response", "V3", 1, b"x", None))
     ev = group_events(c)
