@@ -423,7 +423,7 @@ class ConnectionNode:
             log.exception("durable topic append round failed", node_id=self.node_id, shard=batch.shard)
         finally:
             if self.edge.appends.has_work():
-                self._schedule_flush()
+                self._schedule_flush(0.0)  # what queued during the call is the next batch already: no tick wait
 
     async def set_topics(self, specs: list[Any]) -> bool:
         """The cluster's durable topics (``storage.topics.TopicSpec``), pushed by the controller."""

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from .results import results_dir
 
-SYSTEM_COLORS = {"fanout": "#1f77b4", "mosquitto": "#2ca02c", "amqtt": "#ff7f0e"}
+SYSTEM_COLORS = {"fanout": "#1f77b4", "mosquitto": "#2ca02c", "amqtt": "#ff7f0e", "redis": "#d62728", "nats": "#9467bd"}
 
 
 def pyplot() -> Any:

@@ -37,9 +37,9 @@ def render_toml(data: dict[str, Any]) -> str:
                 lines.append(f"[users.{name}]")
                 lines.extend(f"{k} = {_scalar(v)}" for k, v in spec.items())
                 lines.append("")
-        elif section == "acl":
+        elif section in ("acl", "topics"):
             for rule in values:
-                lines.append("[[acl]]")
+                lines.append(f"[[{section}]]")
                 lines.extend(f"{k} = {_scalar(v)}" for k, v in rule.items())
                 lines.append("")
         else:

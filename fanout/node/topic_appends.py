@@ -7,8 +7,10 @@ Strategy: the broker routes a publish on a durable topic live at once and hands 
 1. :meth:`TopicAppends.add` matches the topic (:class:`fanout.topics.matcher.DurableTopics`), makes one
    :class:`fanout.topics.records.AppendItem` per durable topic it goes to, and queues each on the shard that
    holds its partition;
-2. :meth:`TopicAppends.take` hands the actor one batch per shard with fewer than :data:`MAX_CALLS_PER_SHARD`
-   ``topic_append`` calls in flight (what arrives meanwhile makes the next, so the batches grow with the load;
+2. :meth:`TopicAppends.take` hands the actor one batch per shard that has no ``topic_append`` call in flight, or
+   already :data:`FULL_BATCH` items and fewer than :data:`MAX_CALLS_PER_SHARD` calls in flight (what arrives
+   meanwhile makes the next, so the batches grow with the load: a Ray call costs the node more CPU than a few
+   dozen appends, so small concurrent calls would cost throughput;
    the dispatcher writes ONE WriteBatch per call, replicated before it answers, and applies the next call's
    while the replicas acknowledge the previous one: calls to one shard start in the order they were made, so a
    partition's entries keep the order of the publishes);
@@ -42,7 +44,8 @@ from fanout.topics.records import AppendItem, kept_properties
 log = structlog.get_logger(__name__)
 
 REFUSED_LOG_INTERVAL_S = 1.0
-MAX_CALLS_PER_SHARD = 4  # one call in flight per shard measured 3.5k msg/s (a call's fsync + replica ack idle)
+MAX_CALLS_PER_SHARD = 4  # a second call while one is in flight only for a full batch: see take()
+FULL_BATCH = 128  # items
 
 
 class AppendLink(Protocol):
@@ -102,10 +105,13 @@ class TopicAppends:
         self._refused_logged = 0.0
         self.settled_waiting = False  # a ticket settled by add() itself: take_settled() has something
 
+    def _room(self, shard: int) -> bool:
+        n = self._calls[shard]
+        return n == 0 or (n < MAX_CALLS_PER_SHARD and len(self._items[shard]) >= FULL_BATCH)
+
     def has_work(self) -> bool:
         """True when some shard has items queued and room for another call."""
-        calls = self._calls
-        return any(calls[s] < MAX_CALLS_PER_SHARD for s in self._ready)
+        return any(self._room(s) for s in self._ready)
 
     def add(self, ticket: IngestTicket) -> dict | None:
         """Queue a routed ticket's appends.
@@ -154,12 +160,12 @@ class TopicAppends:
                 "request_id": None, "reason_code": int(RC.QUOTA_EXCEEDED)}
 
     def take(self) -> list[AppendBatch]:
-        """One batch per shard with queued items and room for another call; each is a call in flight until
-        :meth:`done` (make the calls in the order returned)."""
+        """One batch per shard with queued items and room for another call (see the module docstring); each is a
+        call in flight until :meth:`done` (make the calls in the order returned)."""
         out = []
         calls = self._calls
         for shard in sorted(self._ready):
-            if calls[shard] >= MAX_CALLS_PER_SHARD:
+            if not self._room(shard):
                 continue
             out.append(AppendBatch(shard, self._items[shard], self._owners[shard]))
             self._items[shard] = []

@@ -71,7 +71,7 @@ class TopicCluster(Cluster):
 
     def log(self, partition):
         shard = partition % len(self.stores)
-        return self.stores[shard].topic_read("responses", partition, 0, 100)
+        return self.stores[shard].topic_read("responses", partition, 0, 10_000)
 
 
 @pytest.fixture
@@ -226,21 +226,32 @@ async def test_mqtt5_publisher_gets_its_properties_kept_and_a_negative_puback_on
 
 
 async def test_calls_per_shard_are_capped(tc):
-    from fanout.node.topic_appends import MAX_CALLS_PER_SHARD
+    from fanout.node.topic_appends import FULL_BATCH, MAX_CALLS_PER_SHARD
 
     vin = "VIN00000000000006"
     shard = _partition(vin) % 2
     tc.link.gates[shard] = asyncio.Event()
     v = Client(tc, vin)
     tasks = []
-    for pid in range(1, MAX_CALLS_PER_SHARD + 3):
-        v.send(Publish(f"ecp/{vin}/response", b"x", 1, False, False, pid))
-        tasks += [asyncio.ensure_future(tc.edge.append(b)) for b in tc.edge.appends.take()]
-    assert len(tasks) == MAX_CALLS_PER_SHARD  # the rest waits in the node's queue
-    assert tc.edge.appends.has_work() is False and tc.edge.stats()["append_calls"] == MAX_CALLS_PER_SHARD
+    pid = 0
+
+    def publish(n):
+        nonlocal pid
+        for _ in range(n):
+            pid += 1
+            v.send(Publish(f"ecp/{vin}/response", b"x", 1, False, False, pid))
+        tasks.extend(asyncio.ensure_future(tc.edge.append(b)) for b in tc.edge.appends.take())
+
+    publish(1)
+    assert len(tasks) == 1
+    publish(3)  # a call in flight and no full batch: they wait for it
+    assert len(tasks) == 1 and not tc.edge.appends.has_work()
+    for _ in range(MAX_CALLS_PER_SHARD + 1):
+        publish(FULL_BATCH)  # full batches go out alongside, up to the cap
+    assert len(tasks) == MAX_CALLS_PER_SHARD and tc.edge.stats()["append_calls"] == MAX_CALLS_PER_SHARD
     tc.link.gates[shard].set()
     await asyncio.gather(*tasks)
     await tc.appends()
     tc.flush()
-    assert v.acks() == list(range(1, MAX_CALLS_PER_SHARD + 3))
-    assert [e.offset for e in tc.log(_partition(vin))] == list(range(MAX_CALLS_PER_SHARD + 2))
+    assert v.acks() == list(range(1, pid + 1))
+    assert [e.offset for e in tc.log(_partition(vin))] == list(range(pid))

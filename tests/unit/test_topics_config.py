@@ -77,3 +77,15 @@ def test_duplicates_name_the_second_table(tmp_path):
         _load(tmp_path, '[[topics]]\nname = "a"\nfilter = "x/+"\n[[topics]]\nname = "b"\nfilter = "x/+"\n')
     with pytest.raises(ConfigError, match=r"^topics: must be an array"):
         _load(tmp_path, '[topics]\nname = "a"\n')
+
+
+def test_config_show_renders_topics_as_toml_that_loads_again(tmp_path):
+    from fanout.cli.config_cmd import render_toml
+
+    cfg = _load(tmp_path, '[[topics]]\nname = "r"\nfilter = "ecp/+/response"\n'
+                          '[[topics]]\nname = "receipts"\nretention = "30d"\n')
+    text = render_toml(cfg.to_toml_dict())
+    assert '[[topics]]\nname = "r"\nfilter = "ecp/+/response"' in text
+    again = _load(tmp_path, text.replace('password_hash = "***"', ""))
+    assert again.topics == cfg.topics and again.builtin_topics == cfg.builtin_topics
+    assert "[[topics]]" not in render_toml(load_config(None, env={}).to_toml_dict())

@@ -28,3 +28,11 @@ def test_dollar_topics_and_changes():
     assert d.matches("a/b") and not d.matches("$SYS/broker/uptime")  # MQTT-4.7.2-1
     assert d.set_specs([]) is True and not d and not d.matches("a/b")
     assert d.set_specs([]) is False
+
+
+def test_the_last_level_check_never_rejects_a_match():
+    d = DurableTopics(2, [TopicSpec.build("r", "ecp/+/response"), TopicSpec.build("one", "single")])
+    assert d.matches("ecp/V/response") and d.matches("single")
+    assert not d.matches("ecp/V/heartbeat") and not d.matches("x/single") and not d.matches("ecp/V/x/response")
+    d.set_specs([TopicSpec.build("w", "plant/+")])  # ends in a wildcard: every ending may match
+    assert d.matches("plant/anything") and not d.matches("plant/a/b")
