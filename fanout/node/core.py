@@ -384,6 +384,7 @@ class NodeCore(BrokerHooks):
                 inflight, queued = s.tags()
                 key = next((t for t in (*inflight, *queued) if type(t) is bytes), None)
             sync.append(SyncEvent.build(cid, gen, subscribed, key))
+        sync.extend(self.groups.sync_joins())  # the consumer-group members it served (fanout.node.topic_groups)
         self._out[shard][:0] = sync
         if self._out[shard]:
             self._pending_shards.add(shard)

@@ -98,6 +98,7 @@ class NodeGroups:
         self.max_groups_per_client = max_groups_per_client
         self.filters: set[str] = set(filters)
         self._subs: dict[str, dict[str, tuple[str, str]]] = {}  # client id -> {shared filter: (group, inner)}
+        self._joins: dict[str, dict[str, tuple]] = {}  # client id -> {shared filter: its GroupJoin} (resync)
         self.refused = 0
         self.sent = 0
         self.failed = 0
@@ -145,7 +146,9 @@ class NodeGroups:
                             bound="topics.max_groups_per_client", client_id=client_id, limit=self.max_groups_per_client)
                 continue
             have[topic_filter] = parsed
-            self._broadcast(GroupJoin.build(client_id, generation, parsed[0], parsed[1], window, start))
+            join = GroupJoin.build(client_id, generation, parsed[0], parsed[1], window, start)
+            self._joins.setdefault(client_id, {})[topic_filter] = join
+            self._broadcast(join)
 
     def unsubscribed(self, client_id: str, generation: int, filters: Iterable[str]) -> None:
         have = self._subs.get(client_id)
@@ -153,14 +156,17 @@ class NodeGroups:
             return
         for topic_filter in filters:
             parsed = have.pop(topic_filter, None)
+            self._joins.get(client_id, {}).pop(topic_filter, None)
             if parsed is not None:
                 self._broadcast(GroupLeave.build(client_id, generation, parsed[0], parsed[1]))
         if not have:
             del self._subs[client_id]
+            self._joins.pop(client_id, None)
 
     def connected(self, client_id: str, generation: int, session: Any) -> None:
         """A connection was accepted: a resumed session's claimed subscriptions join again (new generation)."""
         self._subs.pop(client_id, None)
+        self._joins.pop(client_id, None)
         if session is None or not session.subs:
             return
         claimed = [(f, q) for f, q in session.subs.items() if f.startswith(_SHARE)]
@@ -169,11 +175,16 @@ class NodeGroups:
 
     def disconnected(self, client_id: str, generation: int, session: Any) -> None:
         """The connection ended: the client leaves its groups; a kept session forgets their messages."""
+        self._joins.pop(client_id, None)
         if self._subs.pop(client_id, None) is None:
             return
         self._broadcast(GroupLeave.build(client_id, generation, None, None))
         if session is not None and session.conn is None:
             session.drop_where(_is_group_message)
+
+    def sync_joins(self) -> list[tuple]:
+        """The joins of every current member (a restarted dispatcher learns the groups' members again)."""
+        return [join for joins in self._joins.values() for join in joins.values()]
 
     # -- acknowledgements ------------------------------------------------------------------------------------
 

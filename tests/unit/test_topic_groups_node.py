@@ -161,3 +161,15 @@ def test_acl_at_delivery_evicts_a_member_that_may_not_read(tmp_path):
         assert ev == {0: [(EV_GROUP_FAILED, "consumer-7", gen, "responses", "g7", 0, 3, True)]}  # evict
     finally:
         c.close()
+
+
+def test_a_restarted_dispatcher_learns_the_members_again(c):
+    m = Client5(c, "consumer-8", receive_maximum=5)
+    subscribe5(m, f"$share/g8/{DURABLE}", user_properties=(("start", "earliest"),))
+    gen = c.edge.generation_of("consumer-8")
+    group_events(c)
+    sync = c.edge.sync_events(1)
+    assert GroupJoin.build("consumer-8", gen, "g8", DURABLE, 5, "earliest") in sync
+    m.drop()
+    group_events(c)
+    assert all(e[0] != EV_GROUP_JOIN for e in c.edge.sync_events(1))
