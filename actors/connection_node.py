@@ -159,6 +159,7 @@ class ConnectionNode:
         self.edge.attach(server.broker)
         server.broker.sys.add_source(lambda: dict(self._fanout_sys))
         server.broker.sys.add_source(self.edge.appends.sys_values)  # this node's durable-topic appends
+        server.broker.sys.add_source(self.edge.groups.sys_values)  # its consumer-group members (fanout.node.topic_groups)
         self._restore_retained(server.broker.retained)
         await server.start()  # RuntimeError naming host:port when the bind fails
         self.server = server
@@ -245,8 +246,10 @@ class ConnectionNode:
 
         ``sends`` may be ``pack_batch(DeliverBatch)`` (what dispatchers send).
         """
+        groups = None
         if isinstance(sends, bytes):
-            sends, payloads, kicks, props = unpack_batch(sends)
+            sends, payloads, kicks, props, *groups_field = unpack_batch(sends)
+            groups = groups_field[0] if groups_field else None  # consumer-group sends (fanout.topics.groups_records)
         payloads = payloads or {}
         kicks = kicks or []
         started = time.perf_counter()
@@ -257,6 +260,8 @@ class ConnectionNode:
             for i in range(DELIVER_CHUNK, len(sends), DELIVER_CHUNK):
                 self.server.flush_now()
                 failures += self.edge.apply_deliveries(sends[i:i + DELIVER_CHUNK], payloads, (), props)
+        if groups:
+            self.edge.deliver_groups(groups)
         self._deliver_s += time.perf_counter() - started
         self._deliver_calls += 1
         return failures

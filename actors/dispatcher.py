@@ -1,3 +1,4 @@
+# Over 500 lines: one actor shell per shard whose every call site (ingest, events, requests, topics, consumer groups) is a few lines; the logic lives in fanout/dispatcher and fanout/topics.
 """Dispatcher actor: owns one LMDB shard and the dispatch state of its VINs (a thin shell over DispatcherCore).
 
 Strategy:
@@ -40,7 +41,9 @@ import structlog
 
 from fanout import log as fanout_log
 from fanout.dispatcher.core import DispatcherCore
+from fanout.dispatcher.topic_groups import group_bounds
 from fanout.records import pack_batch, unpack_batch
+from fanout.request_control import TOPIC_ACK, TOPIC_INFO
 from fanout.topics.log_calls import TopicCatalog
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
@@ -56,6 +59,7 @@ log = structlog.get_logger(__name__)
 GC_THRESHOLDS = (50_000, 50, 100)
 
 MAX_CALLS_PER_NODE = 4
+TOPIC_GROUP_POLL_S = 0.01  # how soon a consumer group member hears of an append (fanout.dispatcher.topic_groups)
 MAX_SENDS_PER_CALL = 2000  # a bigger backlog goes out in several pipelined calls: the first lands sooner
 
 
@@ -87,7 +91,7 @@ class Dispatcher:
         path = Path((replication or {}).get("path") or Path(data_dir) / f"shard-{shard}")  # a promoted replica's dir
         self.store = ShardStore(path, shard, map_size_bytes=st.map_size_bytes,
                                 max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
-        self.core = DispatcherCore(self.store, shard, shards)
+        self.core = DispatcherCore(self.store, shard, shards, group_bounds=group_bounds(config))
         self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
         self.topics = TopicCatalog(self.store, shard, shards)  # durable topics held here (fanout.topics.log_calls)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
@@ -105,6 +109,8 @@ class Dispatcher:
         self._controller = controller
         loop = asyncio.get_event_loop()
         self._task = loop.create_task(self._run())
+        self._groups_task = loop.create_task(self._topic_groups_loop())
+        self._committing = False
         self._recovery: asyncio.Task | None = None
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._recovery = loop.create_task(self._recover())
@@ -301,7 +307,17 @@ class Dispatcher:
     async def request_control(self, ops: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
         """Per ``(verb, request_id)`` of :mod:`fanout.request_control` (a platform's status or cancel over MQTT):
         the status after the verb (the node asks for a cancel only of a request some shard knows)."""
-        return [await (self.cancel_request(rid) if verb == "cancel" else self.request_status(rid)) for verb, rid in ops]
+        return [self.core.topic_groups.topic_info(rid) if verb == TOPIC_INFO else await (
+                    self.cancel_request(rid) if verb == "cancel" else self._topic_ack(rid) if verb == TOPIC_ACK
+                    else self.request_status(rid)) for verb, rid in ops]
+
+    async def _topic_ack(self, op: str) -> dict[str, Any] | None:
+        """An explicit consumer-group commit (``client.ack``): written by the shard of its partition."""
+        batch, answer = self.core.topic_groups.explicit_commit(op, _now_ms())
+        if batch is None:
+            return answer
+        await self._write(batch)
+        return self.core.topic_groups.explicit_committed(op)
 
     async def expire_sweep(self) -> dict[str, Any]:
         """Settle for good the pending rows of the requests whose ttl has passed (the GC cycle calls it).
@@ -454,6 +470,7 @@ class Dispatcher:
             if taken is not None:
                 self._deleting = True
                 asyncio.get_running_loop().create_task(self._write_deletes(*taken))
+        self._topic_group_commits(now)
         for node in core.nodes_with_output():
             if self._calls.get(node, 0) >= MAX_CALLS_PER_NODE:
                 continue  # pipelined into the next call
@@ -491,8 +508,38 @@ class Dispatcher:
         except Exception:
             log.exception("deliver call failed", node=node, shard=self.shard, sends=len(sends))
             self.core.call_failed(node, sends)
+            self.core.topic_groups.call_failed(batch[4] if len(batch) > 4 else [])
         finally:
             self._calls[node] -= 1
+            self._kick()
+
+    # -- consumer groups of durable topics (fanout.dispatcher.topic_groups) -------------------------------------
+
+    async def _topic_groups_loop(self) -> None:
+        """While some group has a member here, tick every TOPIC_GROUP_POLL_S: appends reach the log through
+        this shard's writer from anywhere, and the tick is where the groups learn of them."""
+        while not self._closed:
+            await asyncio.sleep(TOPIC_GROUP_POLL_S)
+            if self.core.topic_groups.active:
+                self._wake.set()
+
+    def _topic_group_commits(self, now_ms: int) -> None:
+        """The tick's group commits: one WriteBatch, one ``topic_commit`` per moved group partition."""
+        if self._committing:
+            return
+        taken = self.core.topic_groups.commit_batch(now_ms)
+        if taken is not None:
+            self._committing = True
+            asyncio.get_running_loop().create_task(self._write_topic_commits(*taken))
+
+    async def _write_topic_commits(self, batch: WriteBatch, items: list) -> None:
+        try:
+            await self._write(batch)
+        except Exception:
+            log.exception("consumer group commit failed", shard=self.shard, commits=len(items))
+            self.core.topic_groups.commits_failed(items)
+        finally:
+            self._committing = False
             self._kick()
 
 

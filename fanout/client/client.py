@@ -30,13 +30,14 @@ import os
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Awaitable, Iterable, Literal, overload
+from typing import AsyncIterator, Awaitable, Iterable, Literal, overload
 
 import structlog
 
 from fanout.client.backoff import RetryPolicy
+from fanout.client.consume import DEFAULT_MAX_PENDING, TopicMessage, consume
 from fanout.client.control import DEFAULT_TIMEOUT_S, RequestControl
-from fanout.client.errors import FanoutClosed
+from fanout.client.errors import FanoutClosed, FanoutUnavailable
 from fanout.client.handle import COLD, HOT, ClientStatus, SubmitHandle
 from fanout.client.inflight import Inflight
 from fanout.client.outbox import DEFAULT_OUTBOX_DIR, DeadLetter, Outbox, OutboxBatch, now_ms
@@ -45,6 +46,7 @@ from fanout.client.ring import Ring
 from fanout.client.submission import Submission, make_submission
 from fanout.client.transport import BrokerConnection
 from fanout.client.writer import GroupWriter
+from fanout.request_control import TOPIC_ACK, TOPIC_INFO, request_topic
 
 log = structlog.get_logger(__name__)
 
@@ -349,6 +351,39 @@ class FanoutClient(Pump):
             ValueError: not a valid request id. FanoutUnavailable: no answer within ``timeout_s``.
         """
         return await self._control.ask("cancel", request_id, timeout_s)
+
+    def consume(self, topic: str, group: str, start: str | int = "latest", *, topic_filter: str | None = None,
+                max_pending: int = DEFAULT_MAX_PENDING) -> AsyncIterator[TopicMessage]:
+        """``async for msg in client.consume(topic, group)``: the durable topic's messages for this consumer group
+        (:mod:`fanout.client.consume`); ``await msg.ack()`` commits (in offset order per partition). ``start``
+        (``earliest`` | ``latest`` | an offset) applies to a group without commits.
+
+        Raises:
+            ValueError: a bad ``start``. FanoutUnavailable: the cluster did not say what the topic's filter is.
+        """
+        return consume(self, topic, group, start, topic_filter=topic_filter, max_pending=max_pending)
+
+    async def topic_info(self, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+        """``{"filter", "partitions"}`` of a durable topic. Raises FanoutUnavailable (no answer, no such topic)."""
+        body = await self._control.call(request_topic(topic, TOPIC_INFO), {}, timeout_s, f"topic-info of {topic!r}")
+        if "error" in body:
+            raise FanoutUnavailable(f"topic {topic!r}: {body.get('reason') or body['error']}")
+        return body
+
+    async def ack(self, topic: str, group: str, partition: int, upto: int, *,
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
+        """Commit ``group``'s position in ``partition`` of ``topic`` up to ``upto`` (durable when this returns; a
+        commit never moves a group back). Returns the group's committed offset there.
+
+        Raises:
+            FanoutUnavailable: no answer, or no such topic/partition.
+        """
+        body = await self._control.call(request_topic(topic, TOPIC_ACK),
+                                        {"group": group, "partition": partition, "upto": upto}, timeout_s,
+                                        f"topic-ack of {topic!r}/{group}")
+        if "error" in body:
+            raise FanoutUnavailable(f"topic-ack of {topic!r}/{group}: {body.get('reason') or body['error']}")
+        return body.get("committed")
 
     def _publish_control(self, topic: str, payload: bytes) -> None:
         conn = self._conn

@@ -52,18 +52,27 @@ class RequestControl:
             check_id("request_id", request_id, DEFAULT_MAX_ID_LEN)
         except TriggerError as exc:
             raise ValueError(str(exc)) from None
-        corr = str(next(self._ids))
-        fut = self._waiting[corr] = asyncio.get_running_loop().create_future()
-        payload = json.dumps({"id": corr}).encode()
-        try:
-            body = await asyncio.wait_for(self._until_answered(fut, request_topic(request_id, verb), payload), timeout_s)
-        except asyncio.TimeoutError:
-            raise FanoutUnavailable(f"no reply to {verb} of request {request_id!r} within {timeout_s:.0f}s") from None
-        finally:
-            self._waiting.pop(corr, None)
+        body = await self.call(request_topic(request_id, verb), {}, timeout_s, f"{verb} of request {request_id!r}")
         if "error" in body:
             raise FanoutUnavailable(f"{verb} of request {request_id!r}: {body.get('error')}: {body.get('reason')}")
         return body.get("status")
+
+    async def call(self, topic: str, fields: dict[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
+        """Publish ``{"id": <n>, **fields}`` on ``topic`` and return the reply with that id (any question of
+        :mod:`fanout.request_control`; ``what`` names it in the error).
+
+        Raises:
+            FanoutUnavailable: no reply within ``timeout_s``.
+        """
+        corr = str(next(self._ids))
+        fut = self._waiting[corr] = asyncio.get_running_loop().create_future()
+        payload = json.dumps({"id": corr, **fields}).encode()
+        try:
+            return await asyncio.wait_for(self._until_answered(fut, topic, payload), timeout_s)
+        except asyncio.TimeoutError:
+            raise FanoutUnavailable(f"no reply to {what} within {timeout_s:.0f}s") from None
+        finally:
+            self._waiting.pop(corr, None)
 
     async def _until_answered(self, fut: asyncio.Future, topic: str, payload: bytes) -> dict[str, Any]:
         while True:

@@ -36,11 +36,13 @@ from fanout.dispatcher.output import TickOutput
 from fanout.dispatcher.rows import TickRows
 from fanout.dispatcher.state import Delete
 from fanout.dispatcher.takeover import TakeoverRegistry
+from fanout.dispatcher.topic_groups import DispatcherGroups
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (
     CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, DeliverBatch,
     Delivery, DeliveryProps, split_vins,
 )
+from fanout.topics.groups_records import EV_GROUP_FIRST
 from fanout.trigger import conflict_reason
 from storage import WriteBatch
 from storage.keys import VIN_RE
@@ -61,7 +63,8 @@ class DispatcherCore:
             been in flight under a predecessor, so their first send goes out with DUP=1.
     """
 
-    def __init__(self, store: Any, shard: int, shards: int, started_ms: int | None = None) -> None:
+    def __init__(self, store: Any, shard: int, shards: int, started_ms: int | None = None,
+                 group_bounds: dict[str, int] | None = None) -> None:
         self.store = store
         self.shard = shard
         self.shards = shards
@@ -71,6 +74,7 @@ class DispatcherCore:
         self.blobs = BlobCache(store)
         self.output = TickOutput()
         self.lifecycle = RequestLifecycle(store)
+        self.topic_groups = DispatcherGroups(store, shard, shards, **(group_bounds or {}))  # durable-topic consumer groups
         self.events_in = 0
         self.rows_enqueued = 0
         self.commits = 0
@@ -84,6 +88,7 @@ class DispatcherCore:
         vd = self.vd
         self.events_in += len(events)
         synced: list[str] = []
+        group_events: list[tuple] = []
         with self.rows.reading():
             for e in events:
                 kind = e[0]
@@ -116,6 +121,10 @@ class DispatcherCore:
                     if self._connect(node, cid, gen):
                         vd.on_connect(cid, node, gen, True, key, subscribed=subscribed)
                         synced.append(cid)
+                elif kind >= EV_GROUP_FIRST:
+                    group_events.append(e)  # applied after this read block: they read the store themselves
+        for e in group_events:
+            self.topic_groups.on_event(node, e)
         if synced:  # after a restart, resynced connections are a trigger: rows may have come meanwhile
             self.dispatch_new(synced)
 
@@ -146,6 +155,7 @@ class DispatcherCore:
         self.vd.on_node_down(node)
         self.registry.node_down(node)
         self.output.node_down(node)
+        self.topic_groups.node_down(node)
 
     # -- ingest --------------------------------------------------------------------------------------------
 
@@ -242,10 +252,11 @@ class DispatcherCore:
     @property
     def has_work(self) -> bool:
         """Something is queued: actions to drain, deliveries or kicks to ship, deletes to write."""
-        return self.vd.has_actions or self.output.has_work
+        return self.vd.has_actions or self.output.has_work or self.topic_groups.has_work
 
     def drain(self, now_ms: int) -> None:
         """Move the machine's queued actions into per-node delivery lists and the delete list."""
+        self.topic_groups.tick()
         vd = self.vd
         out = self.output
         blob = self.blobs.get
@@ -280,7 +291,8 @@ class DispatcherCore:
 
     def nodes_with_output(self) -> list[str]:
         """Nodes with deliveries or kicks queued."""
-        return self.output.nodes()
+        nodes = self.output.nodes()
+        return nodes + [n for n in self.topic_groups.nodes() if n not in nodes]
 
     def take_node_batch(self, node: str, limit: int | None = None) -> tuple:
         """The :class:`fanout.records.DeliverBatch` wire tuple for ``node``: deliveries, their blobs (each
@@ -296,7 +308,9 @@ class DispatcherCore:
         for _vin, _gen, _key, _rid, data_id, _dup in sends:
             if data_id not in payloads:
                 payloads[data_id] = blob(data_id) or b""
-        return DeliverBatch.build(sends, payloads, kicks, self._delivery_props(sends, payloads))
+        batch = DeliverBatch.build(sends, payloads, kicks, self._delivery_props(sends, payloads))
+        groups = self.topic_groups.take(node)
+        return (*batch, groups) if groups else batch  # the optional fifth field (fanout.topics.groups_records)
 
     def _delivery_props(self, sends: list[tuple], payloads: dict[str, bytes]) -> tuple | None:
         """The :class:`fanout.records.DeliveryProps` of ``sends``: built once per batch; the per-delivery
@@ -400,7 +414,7 @@ class DispatcherCore:
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``fanout status`` and ``$SYS/fanout/...``."""
-        return introspection.shard_stats(self)
+        return {**introspection.shard_stats(self), **self.topic_groups.stats()}
 
     def inspect_vin(self, vin: str) -> dict[str, Any]:
         """Dispatch state and pending rows of one VIN."""

@@ -88,11 +88,13 @@ class ClientDisconnected:
 
 @dataclass(frozen=True, slots=True)
 class Subscribed:
-    """Filters granted by one SUBSCRIBE (refused ones, SUBACK 0x80, are not listed)."""
+    """Filters granted by one SUBSCRIBE (refused ones, SUBACK 0x80, are not listed); ``user_properties``:
+    the MQTT 5 SUBSCRIBE's User Properties ((name, value) pairs)."""
 
     client_id: str
     generation: int
     filters: tuple[tuple[str, int], ...]
+    user_properties: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +207,13 @@ class BrokerHooks:
 
     def durable_topic(self, topic: str) -> bool:
         """Whether a publish on ``topic`` goes to a durable topic's log (only asked with :attr:`append_durable`)."""
+        return False
+
+    def claims_shared(self, group: str, inner: str) -> bool:
+        """True when the embedding serves the shared subscription ``$share/<group>/<inner>`` itself (a durable
+        topic's consumer group): the broker grants it (ACL and bounds on ``inner``) and reports it in
+        :class:`Subscribed`, but routes it no live message; the embedding delivers with
+        ``deliver(..., require_subscription=False)``. Asked for MQTT 3.1.1 and 5 SUBSCRIBEs."""
         return False
 
     def on_events(self, events: list[Event]) -> None:

@@ -42,7 +42,7 @@ class Subscriptions:
         codes = []
         granted = []
         for topic_filter, qos in p.topics:
-            if self.refusal(conn, s, topic_filter) is not None:
+            if self.refusal(conn, s, topic_filter, self._claimed_inner(topic_filter)) is not None:
                 codes.append(SUBACK_FAILURE)
                 continue
             st.trie.add(topic_filter, cid, qos)  # MQTT-3.8.4-3: replaces an identical filter
@@ -60,6 +60,15 @@ class Subscriptions:
             self._delivery.replay_retained(s, topic_filter, qos)
         if granted:
             st.emit(Subscribed(cid, conn.generation, tuple(granted)))
+
+    def _claimed_inner(self, topic_filter: str) -> str | None:
+        """The inner filter of a ``$share/<group>/<filter>`` the hooks serve (``BrokerHooks.claims_shared``),
+        checked in its place; None for any other filter (3.1.1 has no shared subscriptions otherwise)."""
+        hooks = self._st.hooks
+        if hooks is None or not topic_filter.startswith("$share/"):
+            return None
+        group, _sep, inner = topic_filter[7:].partition("/")
+        return inner if group and inner and "+" not in group and "#" not in group and hooks.claims_shared(group, inner) else None
 
     def refusal(self, conn: Connection, s: Session, topic_filter: str, inner: str | None = None) -> str | None:
         """Why ``topic_filter`` is not granted (``invalid``, ``not_authorised``, ``quota``), logged or counted

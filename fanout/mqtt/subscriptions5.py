@@ -85,7 +85,8 @@ class Subscriptions5:
             qos = sub.qos
             existed = topic_filter in s.subs
             if inner is not None:
-                st.shared.add(topic_filter, inner, cid, qos)
+                if not (st.hooks is not None and st.hooks.claims_shared(topic_filter[7:-len(inner) - 1], inner)):
+                    st.shared.add(topic_filter, inner, cid, qos)  # else the embedding serves it (hooks.claims_shared)
             else:
                 st.trie.add(topic_filter, cid, qos)  # MQTT-3.8.4-3: replaces an identical filter
             if not existed:
@@ -106,7 +107,7 @@ class Subscriptions5:
         for topic_filter, qos in replay:
             self._delivery.replay_retained(s, topic_filter, qos, sub_ids)
         if granted:
-            st.emit(Subscribed(cid, conn.generation, tuple(granted)))
+            st.emit(Subscribed(cid, conn.generation, tuple(granted), p.properties.user_properties))
 
     def on_unsubscribe(self, conn: Connection, p: Unsubscribe5) -> None:
         st = self._st

@@ -50,6 +50,7 @@ from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
 from fanout.node.event_batching import EventBatching
 from fanout.node.ingest_rounds import IngestRounds, ShardLink
 from fanout.node.topic_appends import AppendBatch, TopicAppends
+from fanout.node.topic_groups import NodeGroups, durable_filters
 from fanout.topics.matcher import DurableTopics
 from fanout.request_control import Reply, replies_topic
 from fanout.node.peer_routes import PeerRoutes, delivery_route_generalizer
@@ -131,6 +132,9 @@ class NodeCore(BrokerHooks):
         # events call in flight, per shard (see events_done)
         self._registering: dict[int, list[tuple[str, int]]] = {}
         self._registering_sent: dict[int, list[tuple[str, int]]] = {}
+        self.groups = NodeGroups(self.shards, self._emit, **({"max_groups_per_client": config.fanout.topic_groups_per_client,
+                                 "max_window": config.fanout.topic_group_inflight} if config is not None else {}),
+                                 filters=durable_filters(config.topics if config is not None else ()))
 
     def attach(self, broker: Any) -> None:
         """Give the edge its broker (created with this object as ``hooks``).
@@ -144,6 +148,10 @@ class NodeCore(BrokerHooks):
             broker.hold_connacks(_reports_to_dispatchers)
         if broker.state.shared is not None:  # MQTT 5 shared groups: one member per message cluster-wide
             self.routes.join_shared(broker.state.shared, lambda: broker.state.now, self._wake)
+
+    def claims_shared(self, group: str, inner: str) -> bool:
+        """A durable topic's ``$share`` subscription is a consumer group (:mod:`fanout.node.topic_groups`)."""
+        return self.groups.claims(group, inner)
 
     def route_announcement(self, now_ms: int) -> tuple[list[str], list[str], bool, dict[str, int] | None] | None:
         """What to announce to every peer now (:meth:`PeerRoutes.full_announcement`)."""
@@ -177,6 +185,9 @@ class NodeCore(BrokerHooks):
                     pending.add(sh)
                     self.delivered += 1
                     self.acks_queued = True
+                elif entry is not None and type(e.tag) is tuple:
+                    self.groups.delivered(e.client_id, entry[1], e.tag)
+                    self.acks_queued = True  # a group member's PUBACK commits: the shorter bulk wait applies
             elif t is Heartbeat:
                 self._heartbeat(e)
             elif t is LocalPublish:
@@ -200,6 +211,8 @@ class NodeCore(BrokerHooks):
                 entry = live.get(e.client_id)
                 if entry is not None and type(e.tag) is bytes:
                     self._emit(entry[2], FailedEvent.build(e.client_id, entry[1], e.tag, e.too_large))
+                elif entry is not None and type(e.tag) is tuple:
+                    self.groups.dropped(e.client_id, entry[1], e.tag, e.too_large)
         if woke or pending:
             self._wake()
 
@@ -223,6 +236,7 @@ class NodeCore(BrokerHooks):
         # a client squatting a VIN on another node cannot kick the vehicle; takeover stays node-local).
         is_vin = _reports_to_dispatchers(cid, e)  # the event carries the principal's vehicle flag
         self._live[cid] = (e.generation, gen, shard, is_vin)
+        self.groups.connected(cid, gen, self.broker.session_of(cid) if e.session_present and self.broker else None)
         if not is_vin:
             self._cover.pop(cid, None)
             return
@@ -247,6 +261,7 @@ class NodeCore(BrokerHooks):
             return  # an older connection of a client id that already reconnected here
         del self._live[cid]
         self._cover.pop(cid, None)
+        self.groups.disconnected(cid, entry[1], self.broker.session_of(cid) if self.broker is not None else None)
         if not e.session_kept:
             self.routes.mark_dirty()
         if entry[3]:
@@ -255,6 +270,8 @@ class NodeCore(BrokerHooks):
     def _subscribed(self, e: Subscribed) -> None:
         self.routes.mark_dirty()
         entry = self._live.get(e.client_id)
+        if entry is not None and entry[0] == e.generation:
+            self._group_subscribed(e, entry[1])
         if entry is None or entry[0] != e.generation or not entry[3]:
             return
         new = self._covering(e.client_id, (f for f, _q in e.filters))
@@ -270,6 +287,8 @@ class NodeCore(BrokerHooks):
     def _unsubscribed(self, e: Unsubscribed) -> None:
         self.routes.mark_dirty()
         entry = self._live.get(e.client_id)
+        if entry is not None and entry[0] == e.generation:
+            self.groups.unsubscribed(e.client_id, entry[1], e.filters)
         have = self._cover.get(e.client_id)
         if entry is None or entry[0] != e.generation or not have:
             return
@@ -277,6 +296,21 @@ class NodeCore(BrokerHooks):
         if not have:
             del self._cover[e.client_id]
             self._emit(entry[2], SubscribedEvent.build(e.client_id, entry[1], False, None))
+
+    def _group_subscribed(self, e: Subscribed, generation: int) -> None:
+        s = self.broker.session_of(e.client_id) if self.broker is not None else None
+        self.groups.subscribed(e.client_id, generation, e.filters, e.user_properties, self.groups.window(s))
+
+    def deliver_groups(self, sends: Sequence[tuple]) -> int:
+        """Consumer-group sends of a dispatcher's ``deliver`` call (:meth:`NodeGroups.deliver`)."""
+        if self.broker is None:
+            for cid, gen, topic, group, partition, offset, *_rest in sends:
+                self.groups.dropped(cid, gen, (topic, group, partition, offset), False)
+            return 0
+        n = self.groups.deliver(self.broker, self.generation_of, sends)
+        if self._pending_shards:
+            self._wake()  # failed sends became events
+        return n
 
     def _heartbeat(self, e: Heartbeat) -> None:
         cid = e.client_id
@@ -354,6 +388,7 @@ class NodeCore(BrokerHooks):
                 inflight, queued = s.tags()
                 key = next((t for t in (*inflight, *queued) if type(t) is bytes), None)
             sync.append(SyncEvent.build(cid, gen, subscribed, key))
+        sync.extend(self.groups.sync_joins())  # the consumer-group members it served (fanout.node.topic_groups)
         self._out[shard][:0] = sync
         if self._out[shard]:
             self._pending_shards.add(shard)
@@ -499,6 +534,8 @@ class NodeCore(BrokerHooks):
 
     def set_durable_topics(self, specs: Iterable[Any]) -> bool:
         """The cluster's durable topics (``storage.topics.TopicSpec``) changed; returns True when they did."""
+        specs = list(specs)
+        self.groups.set_filters(durable_filters(specs))  # their $share subscriptions are consumer groups
         return self.durable.set_specs(specs)
 
     async def append(self, batch: AppendBatch) -> int:
@@ -552,6 +589,7 @@ class NodeCore(BrokerHooks):
             "forwarded": self.routes.forwarded,
             "forwards_dropped": self.routes.dropped,
             **self.appends.stats(),
+            **self.groups.stats(),
             **self.routes.shared_stats(),
             "peers": sorted(self.routes.peers),
         }

@@ -1,1 +1,2 @@
-"""Durable topics on the node and the CLI side: ``[[topics]]`` settings, the publish matcher, consumer helpers."""
+"""Durable topics: ``[[topics]]`` settings, the publish matcher, consumer helpers, and the consumer groups over the
+store's per-partition topic logs (``groups*.py``)."""
