@@ -22,7 +22,7 @@ from .harness.processes import raise_nofile_limit
 
 # Registration: one module name per scenario group, run in this order.
 MODULES: tuple[str, ...] = ("broker_bench", "client_bench", "gc_bench", "fanout_bench", "fleet_bench",
-                             "replication_bench", "server_bench", "tls_bench")
+                             "replication_bench", "server_bench", "tls_bench", "topics_bench")
 
 
 def _short(name: str) -> str:
