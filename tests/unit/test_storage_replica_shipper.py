@@ -77,6 +77,14 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
+async def until(predicate, timeout_s: float = 20.0) -> None:
+    """Polls ``predicate`` until it holds; fails the test after ``timeout_s`` (bounded: never a silent fall-through)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
 def test_write_is_acknowledged_only_when_every_replica_holds_it(env):
     store, replicas = env
 
@@ -138,10 +146,7 @@ def test_dead_replica_leaves_the_ack_set_and_min_acks_zero_keeps_writing(env):
             await write(rep, i)
         assert replicas[1].applier.applied_seq == 1 and replicas[0].applier.applied_seq == 5
         replicas[1].down = False  # restarted: the pump probes it, catches it up from the log, it rejoins
-        for _ in range(200):
-            if all(r["in_sync"] for r in rep.status()["replicas"]):
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: all(r["in_sync"] for r in rep.status()["replicas"]))
         assert replicas[1].applier.applied_seq == 5
         await write(rep, 6)
         assert replicas[1].applier.applied_seq == 6
@@ -178,10 +183,7 @@ def test_stalled_replica_is_dropped_after_the_timeout(env):
         replicas[1].stall.set()
         replicas[1].stall = None
         await write(rep, 3)
-        for _ in range(200):
-            if all(r["in_sync"] for r in rep.status()["replicas"]):
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: all(r["in_sync"] for r in rep.status()["replicas"]))
         assert replicas[1].applier.applied_seq == 3
         rep.close()
 
@@ -198,11 +200,11 @@ def test_replica_behind_a_trimmed_log_gets_a_snapshot_then_the_log(env):
             await write(rep, i)
         assert rep.primary.log.base_seq > 0
         rep.set_replicas({"a": replicas[0], "b": replicas[1]})
-        for _ in range(300):
-            if all(r["in_sync"] for r in rep.status()["replicas"]):
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: all(r["in_sync"] for r in rep.status()["replicas"]))
         await write(rep, 41)
+        # The catch-up snapshot can take longer than the 6 s this test used to wait (without asserting) on a loaded
+        # machine; 41 then went to the replica still in sync only, and the digests differed (failed once).
+        await until(lambda: all(r.applier.applied_seq == 41 for r in replicas))
         rep.close()
 
     run(main())
