@@ -42,6 +42,7 @@ from storage.topic_apply import TopicTally
 
 _TS = struct.Struct(">Q")
 _SEP = keys.SEP
+_CACHE_MAX = 4096  # entries of each per-transaction cache of ApplyTally
 _SETTLED_UNDELIVERED = frozenset((tables.STATUS_EXPIRED, tables.STATUS_DISCARDED, tables.STATUS_CANCELLED))
 
 
@@ -69,13 +70,39 @@ Counts = dict[str, int]
 
 class ApplyTally(RequestTally):
     """What one transaction accumulates: the request counters (``RequestTally``) and, in ``topics``, the topic
-    partitions' counters and the receipts (``storage.topic_apply.TopicTally``); both are written at its end."""
+    partitions' counters and the receipts (``storage.topic_apply.TopicTally``); both are written at its end.
 
-    __slots__ = ("topics",)
+    It also holds the per-transaction caches of the row outcomes (ack, discard, expire: one op per delivery).
+    A tick's acks name few requests, all rows of one trigger carry the same ``reqs`` value (pending, same
+    ``ts_ms`` and data id) and every outcome of a batch has the same time, so the key parts of a (request,
+    ts_ms), the decoded ``reqs`` value and the settled value to write are each computed once per batch and
+    request instead of once per row (msgpack unpack + pack per row cost ~1.5 µs on the primary and again on
+    every replica). The cached bytes are the very bytes ``tables.pack`` would produce: the tables stay equal.
+    The counters moved by the outcomes are summed per (request, old, new, time) and given to the
+    ``RequestTally`` once at the end (:meth:`settle_outcomes`)."""
+
+    __slots__ = ("topics", "key_parts", "req_values", "settled_values", "outcomes")
 
     def __init__(self, topics: TopicTally) -> None:
         super().__init__()
         self.topics = topics
+        self.key_parts: dict[tuple[int, str], tuple[bytes, bytes]] = {}  # (ts_ms, request id) -> ids suffix, reqs prefix
+        self.req_values: dict[bytes, tuple[Any, ...]] = {}  # stored reqs value -> its decoded fields
+        self.settled_values: dict[tuple[bytes, str, int], bytes] = {}  # (old value, status, time) -> new value
+        self.outcomes: dict[tuple[str, str | None, str, int], int] = {}  # (request id, old, new, time) -> rows
+
+    def settle_outcomes(self) -> None:
+        """Move the summed row outcomes into the request counters (before ``flush``)."""
+        finish = self.finish
+        for (request_id, old, new, ts_ms), n in self.outcomes.items():
+            finish(request_id, old, new, ts_ms, n)
+        self.outcomes.clear()
+
+    def trim_caches(self) -> None:
+        """Bound the caches (called on a miss: a batch naming very many requests recomputes its values)."""
+        for cache in (self.key_parts, self.req_values, self.settled_values):
+            if len(cache) > _CACHE_MAX:
+                cache.clear()
 
 
 def _inc(counts: Counts, name: str, n: int = 1) -> None:
@@ -186,25 +213,41 @@ def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
                 deleted: str, missing: str) -> None:
     """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row, and, when that
     changes the row's status, in a receipt (a repeated PUBACK changes nothing; a late one of a row cancelled or
-    expired meanwhile does: the vehicle has it)."""
+    expired meanwhile does: the vehicle has it). Runs once per delivery: see ``ApplyTally`` for its caches."""
     _, vin, ts_ms, request_id, done_ts_ms = op
-    vb, rid = vin.encode(), request_id.encode()
-    popped = txn.pop(vb + _SEP + _TS.pack(ts_ms) + rid, db=dbs.ids)
+    vb = vin.encode()
+    parts = tally.key_parts.get((ts_ms, request_id))
+    if parts is None:
+        tally.trim_caches()
+        rid = request_id.encode()
+        parts = tally.key_parts[(ts_ms, request_id)] = (_SEP + _TS.pack(ts_ms) + rid, rid + _SEP)
+    popped = txn.pop(vb + parts[0], db=dbs.ids)
     name = deleted if popped is not None else missing
-    counts[name] = counts.get(name, 0) + 1  # inline _inc: this runs once per delivery
-    rkey = rid + _SEP + vb
+    counts[name] = counts.get(name, 0) + 1  # inline _inc
+    rkey = parts[1] + vb
     reqs = dbs.reqs
     raw = txn.get(rkey, db=reqs)
     if raw is not None:
-        req_ts, data_id, old_status, _ = tables.unpack(raw)
+        fields = tally.req_values.get(raw)
+        if fields is None:
+            tally.trim_caches()
+            fields = tally.req_values[raw] = tuple(tables.unpack(raw))
+        req_ts, data_id, old_status, _ = fields
         if popped is None and old_status != tables.STATUS_PENDING and status != tables.STATUS_DELIVERED:
             return  # the row was settled already (cancelled, expired, acked): only a late PUBACK may still change it
+        value = tally.settled_values.get((raw, status, done_ts_ms))
+        if value is None:
+            tally.trim_caches()
+            value = tally.settled_values[(raw, status, done_ts_ms)] = tables.pack([req_ts, data_id, status, done_ts_ms])
     elif popped is not None:
         req_ts, data_id, old_status = ts_ms, tables.unpack(popped), None
+        value = tables.pack([req_ts, data_id, status, done_ts_ms])
     else:
         return
-    tally.finish(request_id, old_status, status, done_ts_ms)
-    txn.put(rkey, tables.pack([req_ts, data_id, status, done_ts_ms]), db=reqs)
+    outcome = (request_id, old_status, status, done_ts_ms)
+    outcomes = tally.outcomes
+    outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    txn.put(rkey, value, db=reqs)
     if old_status != status:
         tally.topics.receipt(txn, request_id, vin, data_id, status, done_ts_ms)
 
@@ -465,6 +508,7 @@ def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any], shard_id: int = 0
             handler(txn, dbs, op, counts, tally)
         except (ValueError, TypeError, KeyError) as exc:
             raise BatchFormatError(f"malformed {B.OP_NAMES[op[0]]} op: {exc}") from exc
+    tally.settle_outcomes()
     tally.flush(txn, dbs.requests, dbs.reqprops)
     tally.topics.flush(txn)
     if topic_offsets is not None:
