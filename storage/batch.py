@@ -298,12 +298,17 @@ class WriteBatch:
 
     def _finish_rows(self, opcode: int, row_keys: Iterable[bytes], ts_ms: int) -> WriteBatch:
         append = self.ops.append
+        # A tick acknowledges many rows of few (ts_ms, request) pairs: each key's tail is decoded once.
+        tails: dict[bytes, tuple[int, str]] = {}
         for key in row_keys:
             cut = key.find(0)
             if cut <= 0 or len(key) <= cut + 9:
                 raise ValueError(f"not an ids key: {key!r}")
-            append((opcode, key[:cut].decode("ascii"), int.from_bytes(key[cut + 1:cut + 9], "big"),
-                    key[cut + 9:].decode(), ts_ms))
+            tail = key[cut + 1:]
+            parts = tails.get(tail)
+            if parts is None:
+                parts = tails[tail] = (int.from_bytes(tail[:8], "big"), tail[8:].decode())
+            append((opcode, key[:cut].decode("ascii"), parts[0], parts[1], ts_ms))
         return self
 
     def delete_ids(self, vin: str, ts_ms: int, request_id: str) -> WriteBatch:
