@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+from collections import Counter
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
 import msgpack
@@ -91,7 +93,9 @@ _EST_ENQUEUE_PER_VIN = 200
 _EST_SMALL_OP = 160
 _EST_TOPIC_ENTRY = 160  # a log entry's key, envelope and node headers besides its topic, client id and payload
 _EST_RECEIPT = 220  # the receipts entry an outcome (ack, discard, expire, settle) appends
+_FIRST = itemgetter(0)
 _OUTCOME_OPS = frozenset((ACK, DISCARD, EXPIRE, SETTLE_IDS_IF))
+_SIZED_OPS = frozenset((ENQUEUE, PUT_BLOB, PUT_RETAINED, TOPIC_APPEND))  # ops whose estimate depends on their size
 
 
 @contextmanager
@@ -481,6 +485,13 @@ class WriteBatch:
             update copies its leaf page; the caller caps this by the store's used size, since a
             transaction cannot dirty more pages than exist).
         """
+        try:  # the common batch (a tick's acks) has small ops only: counted per opcode in C
+            codes = Counter(map(_FIRST, self.ops))
+        except (TypeError, IndexError):  # a malformed op: the loop below estimates it, apply reports it
+            codes = None
+        if codes is not None and _SIZED_OPS.isdisjoint(codes):
+            outcomes = sum(n for code, n in codes.items() if code in _OUTCOME_OPS)
+            return len(self.ops) * _EST_SMALL_OP + outcomes * _EST_RECEIPT, 2 * len(self.ops)
         new_bytes = pages = 0
         for op in self.ops:
             try:
