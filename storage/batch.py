@@ -1,3 +1,4 @@
+# Over 500 lines: the op catalogue, its builders, their validation and the wire form are one format, kept together.
 """WriteBatch: the unit of mutation and of replication.
 
 Strategy: a batch is an ordered list of compact op tuples ``(opcode, *args)`` that

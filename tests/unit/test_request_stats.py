@@ -300,12 +300,12 @@ def test_a_store_whose_counters_were_kept_rebuilds_to_the_same_values(tmp_path):
 
 def test_one_batch_of_many_outcomes_writes_what_one_batch_per_outcome_writes(tmp_path):
     """A tick's batch settles many rows of many requests (more than the per-transaction caches of
-    ``storage.batch_apply.ApplyTally`` hold): acks, a repeated ack, discards, expiries, a late ack of a settled
+    ``storage.row_outcomes.ApplyTally`` hold): acks, a repeated ack, discards, expiries, a late ack of a settled
     row. Applied as ONE batch it leaves the tables (rows, counters, receipts) exactly as one batch per outcome
     does, every ``reqs`` value is the plain encoding of its fields, and a replica applying the bytes is equal."""
-    from storage import batch_apply
+    from storage import row_outcomes
 
-    requests = [f"req{i:05d}" for i in range(batch_apply._CACHE_MAX + 50)]
+    requests = [f"req{i:05d}" for i in range(row_outcomes.CACHE_MAX + 50)]
     enqueue = WriteBatch()
     for n, rid in enumerate(requests):
         enqueue.enqueue_many(VINS[:4], T0 + n % 7, rid, DATA[n % 2])
