@@ -17,6 +17,9 @@ Enqueue (the hot path, up to 1,000,000 VINs in one op):
    nothing; a different ``data_id`` (the request id re-used for another blob) queues a new row and
    the ``reqs`` row then tracks the new data id; the rest go through ``putmulti`` as above.
 
+The ops that settle a row once per delivery (ack, discard, expire) and the transaction's tally with their
+per-batch caches live in :mod:`storage.row_outcomes`.
+
 Durable topics (``create_topic``, ``topic_append``, ``topic_commit``, ``topic_reset``, ``topic_prune_if``) are
 applied by :mod:`storage.topic_apply`; the ops that settle a (request, VIN) row (ack, discard, expire,
 settle_pending, settle_ids_if) also append its receipt to the built-in ``receipts`` topic there, in this
@@ -38,6 +41,7 @@ from storage import batch as B
 from storage import keys, tables, topic_apply
 from storage.errors import BatchFormatError
 from storage.request_stats import RequestTally, is_cancelled
+from storage.row_outcomes import ApplyTally, ack as _ack, discard as _discard, expire as _expire
 from storage.topic_apply import TopicTally
 
 _TS = struct.Struct(">Q")
@@ -65,17 +69,6 @@ class Dbs(NamedTuple):
 
 
 Counts = dict[str, int]
-
-
-class ApplyTally(RequestTally):
-    """What one transaction accumulates: the request counters (``RequestTally``) and, in ``topics``, the topic
-    partitions' counters and the receipts (``storage.topic_apply.TopicTally``); both are written at its end."""
-
-    __slots__ = ("topics",)
-
-    def __init__(self, topics: TopicTally) -> None:
-        super().__init__()
-        self.topics = topics
 
 
 def _inc(counts: Counts, name: str, n: int = 1) -> None:
@@ -168,45 +161,6 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: Re
     tally.move(request_id, None, tables.STATUS_PENDING, added)
     _inc(counts, "enqueue_new", added + len(requeue))
     _inc(counts, "enqueue_dup", len(rkeys) - len(fresh) - len(requeue) + consumed - added)
-
-
-def _ack(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
-    _finish_row(txn, dbs, op, counts, tally, tables.STATUS_DELIVERED, "ack_deleted", "ack_missing")
-
-
-def _discard(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
-    _finish_row(txn, dbs, op, counts, tally, tables.STATUS_DISCARDED, "discard_deleted", "discard_missing")
-
-
-def _expire(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
-    _finish_row(txn, dbs, op, counts, tally, tables.STATUS_EXPIRED, "expire_deleted", "expire_missing")
-
-
-def _finish_row(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally, status: str,
-                deleted: str, missing: str) -> None:
-    """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row, and, when that
-    changes the row's status, in a receipt (a repeated PUBACK changes nothing; a late one of a row cancelled or
-    expired meanwhile does: the vehicle has it)."""
-    _, vin, ts_ms, request_id, done_ts_ms = op
-    vb, rid = vin.encode(), request_id.encode()
-    popped = txn.pop(vb + _SEP + _TS.pack(ts_ms) + rid, db=dbs.ids)
-    name = deleted if popped is not None else missing
-    counts[name] = counts.get(name, 0) + 1  # inline _inc: this runs once per delivery
-    rkey = rid + _SEP + vb
-    reqs = dbs.reqs
-    raw = txn.get(rkey, db=reqs)
-    if raw is not None:
-        req_ts, data_id, old_status, _ = tables.unpack(raw)
-        if popped is None and old_status != tables.STATUS_PENDING and status != tables.STATUS_DELIVERED:
-            return  # the row was settled already (cancelled, expired, acked): only a late PUBACK may still change it
-    elif popped is not None:
-        req_ts, data_id, old_status = ts_ms, tables.unpack(popped), None
-    else:
-        return
-    tally.finish(request_id, old_status, status, done_ts_ms)
-    txn.put(rkey, tables.pack([req_ts, data_id, status, done_ts_ms]), db=reqs)
-    if old_status != status:
-        tally.topics.receipt(txn, request_id, vin, data_id, status, done_ts_ms)
 
 
 def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
@@ -465,6 +419,7 @@ def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any], shard_id: int = 0
             handler(txn, dbs, op, counts, tally)
         except (ValueError, TypeError, KeyError) as exc:
             raise BatchFormatError(f"malformed {B.OP_NAMES[op[0]]} op: {exc}") from exc
+    tally.settle_outcomes()
     tally.flush(txn, dbs.requests, dbs.reqprops)
     tally.topics.flush(txn)
     if topic_offsets is not None:

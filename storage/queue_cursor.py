@@ -23,6 +23,19 @@ _DATA_IDS: dict[bytes, Any] = {}
 _DATA_IDS_MAX = 4096
 
 
+# The (ts_ms, request id) tail of a row key is shared by the rows of one trigger: decoded once. Bounded likewise.
+_TAILS: dict[bytes, tuple[int, str]] = {}
+
+
+def _tail(tail: bytes) -> tuple[int, str]:
+    parts = _TAILS.get(tail)
+    if parts is None:
+        if len(_TAILS) >= _DATA_IDS_MAX:
+            _TAILS.clear()
+        parts = _TAILS[tail] = (int.from_bytes(tail[:8], "big"), tail[8:].decode())
+    return parts
+
+
 def _data_id(raw: bytes) -> Any:
     did = _DATA_IDS.get(raw)
     if did is None:
@@ -56,9 +69,8 @@ class QueueCursor:
         key = cur.key()
         while key.startswith(prefix):
             if not skip or key not in skip:
-                plen = len(prefix)
-                return QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
-                                _data_id(cur.value()))
+                ts_ms, request_id = _tail(key[len(prefix):])
+                return QueueRow(key, vin, ts_ms, request_id, _data_id(cur.value()))
             if not cur.next():
                 return None
             key = cur.key()
@@ -78,9 +90,8 @@ class QueueCursor:
             key = cur.key()
         if not key.startswith(prefix):
             return None
-        plen = len(prefix)
-        return QueueRow(key, vin, int.from_bytes(key[plen:plen + 8], "big"), key[plen + 8:].decode(),
-                        _data_id(cur.value()))
+        ts_ms, request_id = _tail(key[len(prefix):])
+        return QueueRow(key, vin, ts_ms, request_id, _data_id(cur.value()))
 
 
 __all__ = ["QueueCursor"]

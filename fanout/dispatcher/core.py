@@ -40,7 +40,7 @@ from fanout.dispatcher.topic_groups import DispatcherGroups
 from fanout.mqtt.hooks import DeliverStatus
 from fanout.records import (
     CONFLICT_PREFIX, EV_ACK, EV_CONNECT, EV_DISCONNECT, EV_FAILED, EV_HEARTBEAT, EV_SUBSCRIBED, EV_SYNC, DeliverBatch,
-    Delivery, DeliveryProps, split_vins,
+    DeliveryProps, split_vins,
 )
 from fanout.topics.groups_records import EV_GROUP_FIRST
 from fanout.trigger import conflict_reason
@@ -260,7 +260,6 @@ class DispatcherCore:
         vd = self.vd
         out = self.output
         blob = self.blobs.get
-        build = Delivery.build
         life = self.lifecycle
         for _ in range(3):  # a missing blob discards its row and may queue the next one
             if not vd.has_actions:
@@ -268,8 +267,10 @@ class DispatcherCore:
             plan = vd.drain_actions(now_ms)
             out.deletes.extend(plan.deletes)
             expires, cancelling = life.expires, life.cancelling  # both empty unless a ttl or a cancel exists
+            present: set[str] = set()  # data ids whose blob this drain found (one look-up per data id)
             for node, sends in plan.sends.items():
                 queue = out.deliveries_to(node)
+                append = queue.append
                 for s in sends:
                     row = s.row
                     if expires or cancelling:
@@ -280,13 +281,18 @@ class DispatcherCore:
                             life.expired_rows += 1
                             vd.discard_row(s.vin, row.key, expired=True)
                             continue
-                    if blob(row.data_id) is None:
-                        log.warning("fanout row without blob discarded", vin=s.vin, request_id=row.request_id,
-                                    data_id=row.data_id, shard=self.shard)
-                        self.discarded += 1
-                        vd.discard_row(s.vin, row.key)
+                    data_id = row.data_id
+                    if data_id in present:  # the common case: a Delivery tuple (fanout.records) built inline
+                        append((s.vin, s.generation, row.key, row.request_id, data_id, s.dup))
                         continue
-                    queue.append(build(s.vin, s.generation, row.key, row.request_id, row.data_id, s.dup))
+                    if blob(data_id) is not None:
+                        present.add(data_id)
+                        append((s.vin, s.generation, row.key, row.request_id, data_id, s.dup))
+                        continue
+                    log.warning("fanout row without blob discarded", vin=s.vin, request_id=row.request_id,
+                                data_id=data_id, shard=self.shard)
+                    self.discarded += 1
+                    vd.discard_row(s.vin, row.key)
                 out.prune(node)
 
     def nodes_with_output(self) -> list[str]:

@@ -161,9 +161,14 @@ class VinDispatcher:
 
         The row is deleted even when the dispatcher does not track it (an ack after a dispatcher restart,
         or after a disconnect of the same generation was processed first): the vehicle has it.
+
+        This runs once per delivery, so the common case (the live connection acks its in-flight row) is
+        inlined: one state look-up, one ``Delete``, one next-row read and one ``Send``.
         """
-        actions: list[Action] = [self._delete(vin, row_key)]
-        vs = self._vins[vin]  # _delete made sure it exists
+        vs = self._vins.get(vin)
+        if vs is None:
+            vs = self._state(vin)
+        delete = self._delete_of(vs, vin, row_key)
         if vs.attempted == row_key:
             vs.attempted, vs.attempted_on = SENT_NOTHING_PENDING, None  # acknowledged: nothing of it is pending
         if vs.node is None or generation != vs.generation:
@@ -171,12 +176,16 @@ class VinDispatcher:
             # processed first. Only the delete counts; a newer connection's in-flight copy of the same row
             # will be acked on its own, and it is no trigger for a newer connection.
             self._stale += 1
-            return actions
-        if vs.inflight is not None and vs.inflight.key == row_key:
-            self._clear_inflight(vs)
-        # An ack of another key (untracked) leaves a tracked in-flight row in place: its ack is still due.
-        actions.extend(self.maybe_send(vin))
-        return actions
+            return [delete]
+        inflight = vs.inflight
+        if inflight is not None:
+            if inflight.key != row_key:
+                return [delete]  # an ack of another key (untracked): the tracked row's ack is still due
+            self._inflight -= 1  # _clear_inflight, inlined
+            vs.inflight = None
+            vs.resumed_inflight = False
+        send = self._send_next(vin, vs) if vs.subscribed else None
+        return [delete] if send is None else [delete, send]
 
     def on_disconnect(self, vin: str, generation: int) -> list[Action]:
         """The connection ``generation`` of ``vin`` closed: clear presence and in-flight state.
@@ -272,10 +281,17 @@ class VinDispatcher:
         vs = self._vins.get(vin)
         if vs is None or vs.node is None or not vs.subscribed or vs.inflight is not None:
             return []
+        send = self._send_next(vin, vs)
+        return [] if send is None else [send]
+
+    def _send_next(self, vin: str, vs: VehicleState) -> Send | None:
+        """Queue the send of the oldest pending row of ``vin`` (connected, subscribed, nothing in flight)."""
         row = self._next_row(vin, vs.deleting)
         if row is None:
-            return []
-        self._set_inflight(vs, InFlight(key=row.key, row=row))
+            return None
+        self._inflight += 1  # _set_inflight, inlined (nothing is in flight here)
+        vs.inflight = InFlight(row.key, row)
+        vs.resumed_inflight = False
         # DUP=1 when this row may have reached the vehicle before: it is the row this dispatcher handed
         # to a node last (the vehicle dropped before its PUBACK), or, for the first send to a VIN since
         # this dispatcher started (a restart, or a promoted replica after failover), a row older than
@@ -283,11 +299,12 @@ class VinDispatcher:
         # predecessor. (``attempted`` is set when a send leaves, in ``drain_actions``; a state dropped by
         # Rule 6 forgets that it sent, so a row older than the start may get DUP=1 once more after a
         # reconnect: a spurious DUP=1 is allowed, a missing one is not.)
-        dup = row.key == vs.attempted or (vs.attempted is None and row.ts_ms < self._started_ms)
-        send = Send(vin=vin, node=vs.node, generation=vs.generation, row=row, dup=dup)
+        attempted = vs.attempted
+        dup = row.key == attempted or (attempted is None and row.ts_ms < self._started_ms)
+        send = Send(vin, vs.node, vs.generation, row, dup)
         self._sends.append(send)
         self._sent += 1
-        return [send]
+        return send
 
     def ready_vins(self, vins: Iterable[str]) -> list[str]:
         """The VINs a new batch can send to now: connected, subscribed, nothing in flight (no reads)."""
@@ -406,11 +423,15 @@ class VinDispatcher:
         return row
 
     def _delete(self, vin: str, key: bytes, *, delivered: bool = True, expired: bool = False) -> Delete:
-        vs = self._state(vin)
-        if vs.deleting is None:
-            vs.deleting = set()
-        if key not in vs.deleting:
-            vs.deleting.add(key)
+        return self._delete_of(self._state(vin), vin, key, delivered, expired)
+
+    def _delete_of(self, vs: VehicleState, vin: str, key: bytes, delivered: bool = True,
+                   expired: bool = False) -> Delete:
+        deleting = vs.deleting
+        if deleting is None:
+            deleting = vs.deleting = set()
+        if key not in deleting:
+            deleting.add(key)
             self._pending_deletes += 1
             self._delivered += delivered
         delete = Delete(vin, key, not delivered and not expired, expired)

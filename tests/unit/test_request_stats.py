@@ -296,3 +296,54 @@ def test_a_store_whose_counters_were_kept_rebuilds_to_the_same_values(tmp_path):
     env.close()
     with ShardStore(path, 0, sync=False) as s:
         assert s.request_counters_all() == before
+
+
+def test_one_batch_of_many_outcomes_writes_what_one_batch_per_outcome_writes(tmp_path):
+    """A tick's batch settles many rows of many requests (more than the per-transaction caches of
+    ``storage.row_outcomes.ApplyTally`` hold): acks, a repeated ack, discards, expiries, a late ack of a settled
+    row. Applied as ONE batch it leaves the tables (rows, counters, receipts) exactly as one batch per outcome
+    does, every ``reqs`` value is the plain encoding of its fields, and a replica applying the bytes is equal."""
+    from storage import row_outcomes
+
+    requests = [f"req{i:05d}" for i in range(row_outcomes.CACHE_MAX + 50)]
+    enqueue = WriteBatch()
+    for n, rid in enumerate(requests):
+        enqueue.enqueue_many(VINS[:4], T0 + n % 7, rid, DATA[n % 2])
+    outcomes = WriteBatch()
+    for n, rid in enumerate(requests):
+        ts = T0 + n % 7
+        outcomes.ack_rows([ids_key(VINS[0], ts, rid)], T0 + 500)
+        outcomes.ack_rows([ids_key(VINS[0], ts, rid)], T0 + 501)  # a repeated PUBACK: no second receipt
+        outcomes.discard_rows([ids_key(VINS[1], ts, rid)], T0 + 500)
+        outcomes.expire_rows([ids_key(VINS[2], ts, rid)], T0 + 502)
+        outcomes.ack(VINS[2], ts, rid, T0 + 503)  # late PUBACK of the expired row: the vehicle has it
+    for n, rid in enumerate(requests):  # the next tick's acks (group commit merges two delete batches)
+        outcomes.ack_rows([ids_key(VINS[3], T0 + n % 7, rid)], T0 + 510)
+    one = ShardStore(shard_dir(tmp_path / "one", 0), 0, sync=False)
+    each = ShardStore(shard_dir(tmp_path / "each", 0), 0, sync=False)
+    replica = ShardStore(tmp_path / "replica", 0, sync=False)
+    try:
+        for store in (one, each):
+            store.apply(WriteBatch.from_bytes(enqueue.to_bytes()))
+        replica.apply(WriteBatch.from_bytes(enqueue.to_bytes()))
+        result = one.apply(WriteBatch.from_bytes(outcomes.to_bytes()))
+        assert result.counts["ack_deleted"] == 2 * len(requests)
+        assert result.counts["ack_missing"] == 2 * len(requests)
+        replica.apply(WriteBatch.from_bytes(outcomes.to_bytes()), seq=result.seq)
+        for op in outcomes.ops:
+            each.apply(WriteBatch([op]))
+        tables_of = {name: {db: d for db, d in table_digests(store).items() if db != "applied_seq"}
+                     for name, store in (("one", one), ("each", each), ("replica", replica))}
+        assert tables_of["one"] == tables_of["each"] == tables_of["replica"]
+        assert counters(one) == recount(one)
+        assert counters(one)[requests[0]] == {"pending": 0, "delivered": 3, "discarded": 1, "expired": 0,
+                                              "cancelled": 0}
+        with one.snapshot_view() as view:
+            stored = [(k, v) for ks, vs in view.raw_chunks(tables.REQS) for k, v in zip(ks, vs)]
+        assert len(stored) == 4 * len(requests)
+        for key, value in stored:
+            row = tables.decode_row(tables.REQS, key, value)
+            assert value == tables.encode_req(row["ts_ms"], row["data_id"], row["status"], row["delivered_ts_ms"])
+    finally:
+        for store in (one, each, replica):
+            store.close()

@@ -412,3 +412,18 @@ def test_reads_in_threads_survive_map_growth(tmp_path):
     assert not errors, errors
     assert store.stats()["map_size_bytes"] > 64 << 10 and store.pending_count() == 1 + 12 * 1500
     store.close()
+
+
+def test_space_estimate_of_small_ops_is_counted_per_opcode_and_equals_the_per_op_sum():
+    """An ack batch (small ops only) is estimated from its opcode counts; the figure is the per-op sum the
+    general loop gives (it does once a sized op is in), and a malformed op does not break the estimate."""
+    from storage import batch as B
+    from storage.keys import ids_key
+
+    acks = WriteBatch().ack_rows([ids_key(f"V{i}", 5, "r1") for i in range(300)], 9).settle_pending("r1", "cancelled", 9)
+    per_op = (300 * (B._EST_SMALL_OP + B._EST_RECEIPT) + B._EST_SMALL_OP, 2 * 301)
+    assert acks.space_estimate() == per_op
+    with_enqueue = WriteBatch(list(acks.ops)).enqueue_many(["A", "B"], 5, "r2", "d1")
+    enqueue_only = WriteBatch().enqueue_many(["A", "B"], 5, "r2", "d1").space_estimate()
+    assert with_enqueue.space_estimate() == (per_op[0] + enqueue_only[0], per_op[1] + enqueue_only[1])
+    assert WriteBatch(list(acks.ops) + [()]).space_estimate() == (per_op[0] + B._EST_SMALL_OP, per_op[1])
