@@ -13,6 +13,8 @@ Streams and NATS JetStream in the same run on the same machine.
     client (nats-py). NATS 2.9 has no per-message fsync option (``sync_interval`` came with 2.10): its acks mean
     written to the OS, fsynced every 2 minutes; recorded as ``nats_fsync_per_message: false``.
   Figure: messages/s = count / (last ack - first send). Target: fanout >= 1.0x Redis (reported per window).
+  For fanout also the CPU µs per appended message of each process role (``append_cpu_us_per_msg_w<window>``:
+  node, dispatcher, replica, raylet, ..., and ``client``, this process's publishers), from ``/proc``.
 - ``consume``: one group reads all ``count`` messages from the start and acknowledges them, in pages:
   fanout through the dispatchers' ``topic_read`` / ``topic_commit`` (:func:`fanout.topics.consume.consume`, as
   ``fanout consume --ack`` does, ``page`` entries per partition per call), Redis ``XREADGROUP COUNT page`` +
