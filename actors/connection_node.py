@@ -33,6 +33,8 @@ from fanout import log as fanout_log
 from fanout.node.core import NodeCore
 from fanout.records import Kick, pack_batch, unpack_batch
 
+from .ray_args import chunked
+
 log = structlog.get_logger(__name__)
 
 # The cyclic GC's default thresholds (700, 10, 10) make a full collection walk every live object (tens of
@@ -63,11 +65,11 @@ class _RayShardLink:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    async def _call(self, shard: int, method: str, arg: Any) -> Any:
+    async def _call(self, shard: int, method: str, *args: Any) -> Any:
         fut = self._replaced.get(shard)
         if fut is None or fut.done():
             fut = self._replaced[shard] = asyncio.get_running_loop().create_future()
-        call = asyncio.ensure_future(getattr(self._handles[shard], method).remote(arg))
+        call = asyncio.ensure_future(getattr(self._handles[shard], method).remote(*args))
         await asyncio.wait((call, fut), return_when=asyncio.FIRST_COMPLETED)
         if not call.done():
             call.cancel()
@@ -93,7 +95,8 @@ class _RayShardLink:
         return await self._call(shard, "request_control", ops)
 
     async def topic_append(self, shard: int, items: list[tuple]) -> int:
-        return await self._call(shard, "topic_append", pack_batch(items))
+        # in inline-sized chunks: a batch of a few hundred 1 KB messages would otherwise go through plasma
+        return await self._call(shard, "topic_append", *chunked(pack_batch(items)))
 
 
 @ray.remote(num_cpus=0)

@@ -48,6 +48,7 @@ from fanout.topics.log_calls import TopicCatalog
 from storage import ShardStore, WriteBatch
 from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
+from .ray_args import joined
 from .names import NAMESPACE
 from .primary_link import PrimaryLink
 
@@ -336,14 +337,15 @@ class Dispatcher:
 
     # -- durable topics (logic in fanout.topics.log_calls; ONE WriteBatch per call) ----------------------------
 
-    async def topic_append(self, items: list[tuple] | bytes) -> int:
-        """Append one node's :class:`fanout.topics.records.AppendItem` tuples (or ``pack_batch`` of them) in one
-        WriteBatch; returns once it is durable and replicated (the node then acknowledges the publishers).
+    async def topic_append(self, items: list[tuple] | bytes, *more: bytes) -> int:
+        """Append one node's :class:`fanout.topics.records.AppendItem` tuples (or ``pack_batch`` of them, possibly
+        in :func:`actors.ray_args.chunked` pieces) in one WriteBatch; returns once it is durable and replicated
+        (the node then acknowledges the publishers).
 
         Raises:
             ValueError: an item for a topic or partition this shard does not hold (nothing is written).
         """
-        items = unpack_batch(items)
+        items = unpack_batch(joined((items, *more)) if more else items)
         await self._write(self.topics.append_batch(items, _now_ms()))
         return len(items)
 

@@ -33,6 +33,8 @@ from storage.errors import StoreError
 from storage.replication_protocol import LogEntry, Rejected, ReplicaApplier, ReplicaReply, table_digests
 from storage.snapshot import SnapshotInfo
 
+from .ray_args import INLINE_ARG_BYTES, joined_entries, split_entries
+
 log = structlog.get_logger(__name__)
 
 SNAPSHOT_CHUNK_BYTES = 8 << 20
@@ -84,7 +86,14 @@ class StoreReplica:
     async def hello(self, epoch: int) -> ReplicaReply:
         return await self._run(self._live().hello, epoch)
 
-    async def apply_many(self, epoch: int, entries: list[LogEntry]) -> ReplicaReply:
+    async def apply_many(self, epoch: int, entries: list[LogEntry] | list[tuple[int, int]], *chunks: bytes) -> ReplicaReply:
+        """Apply log entries: ``entries`` as ``(seq, data)``, or with ``chunks`` as ``(seq, number of chunks)``
+        (:meth:`RayReplicaTransport.apply_many` sends them so, in inline-sized arguments)."""
+        if chunks:
+            try:
+                entries = joined_entries(entries, chunks)  # type: ignore[arg-type]
+            except ValueError as exc:  # not ValueError: the primary's pump reads that as "replica ahead"
+                raise StoreError(f"replica {self.replica_id}: malformed apply_many: {exc}") from exc
         return await self._run(self._live().apply_many, epoch, entries)
 
     async def snapshot_chunk(self, token: str, name: str, offset: int, data: bytes) -> None:
@@ -158,7 +167,11 @@ class RayReplicaTransport:
         return await self.handle.hello.remote(epoch)
 
     async def apply_many(self, epoch: int, entries: list[LogEntry]) -> ReplicaReply:
-        return await self.handle.apply_many.remote(epoch, entries)
+        if sum(len(data) for _seq, data in entries) <= INLINE_ARG_BYTES:
+            return await self.handle.apply_many.remote(epoch, entries)
+        # a batch of appends is often just over Ray's inline limit: chunks travel with the call, not via plasma
+        index, chunks = split_entries(entries)
+        return await self.handle.apply_many.remote(epoch, index, *chunks)
 
     async def send_snapshot(self, epoch: int, info: SnapshotInfo) -> ReplicaReply:
         """Ship every file of the snapshot directory in ``SNAPSHOT_CHUNK_BYTES`` calls, then install it."""

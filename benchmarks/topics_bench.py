@@ -13,6 +13,8 @@ Streams and NATS JetStream in the same run on the same machine.
     client (nats-py). NATS 2.9 has no per-message fsync option (``sync_interval`` came with 2.10): its acks mean
     written to the OS, fsynced every 2 minutes; recorded as ``nats_fsync_per_message: false``.
   Figure: messages/s = count / (last ack - first send). Target: fanout >= 1.0x Redis (reported per window).
+  For fanout also the CPU µs per appended message of each process role (``append_cpu_us_per_msg_w<window>``:
+  node, dispatcher, replica, raylet, ..., and ``client``, this process's publishers), from ``/proc``.
 - ``consume``: one group reads all ``count`` messages from the start and acknowledges them, in pages:
   fanout through the dispatchers' ``topic_read`` / ``topic_commit`` (:func:`fanout.topics.consume.consume`, as
   ``fanout consume --ack`` does, ``page`` entries per partition per call), Redis ``XREADGROUP COUNT page`` +
@@ -183,6 +185,24 @@ class FanoutSubject:
         from cluster.cli.consume import ControllerSource
 
         self.source = ControllerSource(self.fanout.controller)
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds so far of this process (the benchmark's MQTT publishers and consumer: ``client``) and of
+        every Ray process under it, summed per role (node, dispatcher, replica, raylet, ...)."""
+        import psutil
+
+        from .harness.cluster import _role
+        from .harness.processes import proc_cpu_seconds
+
+        out: dict[str, float] = {"client": proc_cpu_seconds(os.getpid())}
+        for child in psutil.Process().children(recursive=True):
+            try:
+                cmd = child.cmdline()
+                role = "replica" if cmd and cmd[0].startswith("ray::StoreReplica") else _role(cmd)
+                out[role] = out.get(role, 0.0) + proc_cpu_seconds(child.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError):
+                continue
+        return out
 
     def close(self) -> None:
         import ray
@@ -392,8 +412,15 @@ async def run_system(name: str, make: Callable[[], Any], count: int, outage_s: f
         try:
             await subject.append(min(2000, count), tag="warm")  # warm-up (connections, first fsyncs)
             for w in WINDOWS:
+                cpu = getattr(subject, "cpu_by_role", None)
+                before = cpu() if cpu else None
                 out[f"append_msgs_per_s_w{w}"] = round(await subject.append(count, tag=f"run{w}", window=w))
                 log(NAME, f"{name} append (window {w}): {out[f'append_msgs_per_s_w{w}']:,} msg/s")
+                if cpu:  # CPU µs per appended message per process role (ticks of 10 ms: whole phases only)
+                    after = cpu()
+                    per = {k: round(1e6 * (after[k] - before.get(k, 0.0)) / count, 1) for k in after}
+                    out[f"append_cpu_us_per_msg_w{w}"] = {k: v for k, v in sorted(per.items()) if v > 0}
+                    log(NAME, f"{name} append CPU µs/msg (window {w}): {out[f'append_cpu_us_per_msg_w{w}']}")
             await _maybe(subject.consume("warm"))  # the warm-up group reads everything once (caches)
             n, s = await _maybe(subject.consume("bench"))
             out["consume_msgs"] = n
