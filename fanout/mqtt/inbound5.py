@@ -32,6 +32,7 @@ from .lifecycle import Lifecycle
 from .message5 import forwarded_properties, message_props
 from .packets5 import Publish5, Pubrec5
 from .properties import EMPTY_PROPERTIES
+from .property_block import is_alias_only
 from .reason_codes import ReasonCode as RC
 from .state import BrokerState
 from .topics import over_limits
@@ -89,16 +90,17 @@ class Inbound5:
                     if not topic:
                         self._disconnect(conn, RC.PROTOCOL_ERROR, f"topic alias {alias} was never set (3.3.2.3.4)")
                         return
-            if props.subscription_identifiers:
-                self._disconnect(conn, RC.PROTOCOL_ERROR, "Subscription Identifier from a client (MQTT-3.3.4-6)")
-                return
-            if props.payload_format_indicator == 1:
-                try:
-                    p.payload.decode("utf-8")
-                except UnicodeDecodeError:
-                    self._ack(conn, qos, p.packet_id, RC.PAYLOAD_FORMAT_INVALID)
+            if not is_alias_only(props):  # the interned alias-only value carries nothing else to check
+                if props.subscription_identifiers:
+                    self._disconnect(conn, RC.PROTOCOL_ERROR, "Subscription Identifier from a client (MQTT-3.3.4-6)")
                     return
-            msg = message_props(props, st.now)
+                if props.payload_format_indicator == 1:
+                    try:
+                        p.payload.decode("utf-8")
+                    except UnicodeDecodeError:
+                        self._ack(conn, qos, p.packet_id, RC.PAYLOAD_FORMAT_INVALID)
+                        return
+                msg = message_props(props, st.now)
         s = conn.session
         if qos:
             pending = conn.pending_ingest
