@@ -205,7 +205,11 @@ class Delivery:
                             s.last_pid = pid
                         chunks: tuple[bytes, ...] = (part[0], _U16(pid), part[1])
                     else:
-                        pid = s.alloc_pid()
+                        pid = s.last_pid + 1  # Session.alloc_pid inlined
+                        if pid > 0xFFFF or pid in s.inflight:
+                            pid = s.alloc_pid()
+                        else:
+                            s.last_pid = pid
                         data = (encode_publish5(b"", payload, q, False, False, pid, topic_alias_property(alias))
                                 if alias else encode_publish5(tb, payload, q, False, False, pid, b""))
                         if limit is not None and len(data) > limit:
