@@ -176,13 +176,18 @@ class Delivery:
             if s.opts is not None or props is not None:
                 c = s.conn
                 q = granted if granted < qos else qos
-                if (props is None and q and not s.opts and c is not None and (link := c.v5) is not None
-                        and not s.queue and len(s.inflight) < s.inflight_cap
-                        and (s.bytes + size <= max_bytes or not s.bytes)
+                if (props is None and q and not s.opts
+                        and (c is None or s.queue or len(s.inflight) >= s.inflight_cap
+                             or (s.bytes + size > max_bytes and s.bytes))):
+                    # Window closed (or offline), nothing of MQTT 5 to decide now: queued as give5 ->
+                    # send_msg would; the drain encodes it (aliases, Maximum Packet Size) when it is sent.
+                    self.queue(s, OutMsg(topic, payload, q, False, None, False, None))
+                    continue
+                if (props is None and q and not s.opts and (link := c.v5) is not None
                         and ((alias := link.out_aliases.get(topic, 0)) or not link.out_alias_maximum)):
                     # A plain MQTT 5 receiver (no subscription options; no outbound aliases, or one it already
-                    # holds for this topic) of a message without properties, window open: what fanout5
-                    # sends it, inlined as for 3.1.1.
+                    # holds for this topic) of a message without properties, window open (checked above): what
+                    # fanout5 sends it, inlined as for 3.1.1.
                     limit = link.maximum_packet_size
                     if many:
                         if parts5 is None:
@@ -227,13 +232,6 @@ class Delivery:
                         dirty.append(c)
                     out.extend(chunks)
                     sent += 1
-                    continue
-                if (props is None and q and not s.opts
-                        and (c is None or s.queue or len(s.inflight) >= s.inflight_cap
-                             or (s.bytes + size > max_bytes and s.bytes))):
-                    # Window closed (or offline), nothing of MQTT 5 to decide now: queued as give5 ->
-                    # send_msg would; the drain encodes it (aliases, Maximum Packet Size) when it is sent.
-                    self.queue(s, OutMsg(topic, payload, q, False, None, False, None))
                     continue
                 if batch5 is None:
                     batch5 = []
