@@ -173,6 +173,8 @@ def _d_publish5(buf: bytes, first: int, pos: int, stop: int) -> Publish5:
             and 0 < (alias := (buf[p + 2] << 8) | buf[p + 3]) < ALIAS_ONLY_INTERNED:
         props = alias_only_properties(alias)  # a Topic Alias alone: the aliased PUBLISH of every stream
         p += 4
+        if tend == pos + 2:  # and an empty topic, which the alias stands for: nothing in it to check
+            return _new_publish("", buf[p:stop], qos, first & 1 == 1, first & 8 == 8, pid, props)
     else:
         props, p = properties_at(buf, p, stop, H.PUBLISH, "PUBLISH")
     try:

@@ -176,13 +176,18 @@ class Delivery:
             if s.opts is not None or props is not None:
                 c = s.conn
                 q = granted if granted < qos else qos
-                if (props is None and q and not s.opts and c is not None and (link := c.v5) is not None
-                        and not s.queue and len(s.inflight) < s.inflight_cap
-                        and (s.bytes + size <= max_bytes or not s.bytes)
+                if (props is None and q and not s.opts
+                        and (c is None or s.queue or len(s.inflight) >= s.inflight_cap
+                             or (s.bytes + size > max_bytes and s.bytes))):
+                    # Window closed (or offline), nothing of MQTT 5 to decide now: queued as give5 ->
+                    # send_msg would; the drain encodes it (aliases, Maximum Packet Size) when it is sent.
+                    self.queue(s, OutMsg(topic, payload, q, False, None, False, None))
+                    continue
+                if (props is None and q and not s.opts and (link := c.v5) is not None
                         and ((alias := link.out_aliases.get(topic, 0)) or not link.out_alias_maximum)):
                     # A plain MQTT 5 receiver (no subscription options; no outbound aliases, or one it already
-                    # holds for this topic) of a message without properties, window open: what fanout5
-                    # sends it, inlined as for 3.1.1.
+                    # holds for this topic) of a message without properties, window open (checked above): what
+                    # fanout5 sends it, inlined as for 3.1.1.
                     limit = link.maximum_packet_size
                     if many:
                         if parts5 is None:
@@ -205,7 +210,11 @@ class Delivery:
                             s.last_pid = pid
                         chunks: tuple[bytes, ...] = (part[0], _U16(pid), part[1])
                     else:
-                        pid = s.alloc_pid()
+                        pid = s.last_pid + 1  # Session.alloc_pid inlined
+                        if pid > 0xFFFF or pid in s.inflight:
+                            pid = s.alloc_pid()
+                        else:
+                            s.last_pid = pid
                         data = (encode_publish5(b"", payload, q, False, False, pid, topic_alias_property(alias))
                                 if alias else encode_publish5(tb, payload, q, False, False, pid, b""))
                         if limit is not None and len(data) > limit:
@@ -330,9 +339,27 @@ class Delivery:
         return self.route(topic, payload, qos, retain, props)
 
     def _publish(self, conn: Connection, m: OutMsg, pid: int, dup: bool, resend: bool = False) -> bytes | None:
-        """The PUBLISH of ``m`` for ``conn`` (:func:`~fanout.mqtt.message5.out_publish`)."""
-        if conn.v5 is None and m.props is None:
-            return encode_publish(m.topic, m.payload, m.qos, m.retain, dup, pid)
+        """The PUBLISH of ``m`` for ``conn`` (:func:`~fanout.mqtt.message5.out_publish`).
+
+        A message without MQTT 5 properties or Subscription Identifiers (every one from a 3.1.1 publisher,
+        most from MQTT 5 ones) is encoded here as ``publish_bytes`` would, without its general path: to a
+        3.1.1 receiver as such, to an MQTT 5 one with an empty property block or the Topic Alias it already
+        holds for the topic; a new alias, or a packet over the receiver's Maximum Packet Size, goes the
+        general way (which sets the alias, or counts the drop)."""
+        link = conn.v5
+        if m.props is None and not m.sub_ids:
+            if link is None:
+                return encode_publish(m.topic, m.payload, m.qos, m.retain, dup, pid)
+            if not link.out_alias_maximum:
+                data = encode_publish5(m.topic, m.payload, m.qos, m.retain, dup, pid, b"")
+            else:
+                alias = link.out_aliases.get(m.topic)
+                if alias is None:
+                    return out_publish(self._st, conn, m, pid, dup, resend)
+                data = encode_publish5(b"", m.payload, m.qos, m.retain, dup, pid, topic_alias_property(alias))
+            limit = link.maximum_packet_size
+            if limit is None or len(data) <= limit:
+                return data
         return out_publish(self._st, conn, m, pid, dup, resend)
 
     def _discard(self, s: Session, pid: int, m: OutMsg) -> DeliverStatus:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .codec import encode_puback5, encode_pubrec5
+from .codec import encode_puback, encode_puback5, encode_pubrec5
 from .connection import Connection
 from .delivery import Delivery
 from .errors import ProtocolError
@@ -32,6 +32,7 @@ from .lifecycle import Lifecycle
 from .message5 import forwarded_properties, message_props
 from .packets5 import Publish5, Pubrec5
 from .properties import EMPTY_PROPERTIES
+from .property_block import is_alias_only
 from .reason_codes import ReasonCode as RC
 from .state import BrokerState
 from .topics import over_limits
@@ -89,18 +90,19 @@ class Inbound5:
                     if not topic:
                         self._disconnect(conn, RC.PROTOCOL_ERROR, f"topic alias {alias} was never set (3.3.2.3.4)")
                         return
-            if props.subscription_identifiers:
-                self._disconnect(conn, RC.PROTOCOL_ERROR, "Subscription Identifier from a client (MQTT-3.3.4-6)")
-                return
-            if props.payload_format_indicator == 1:
-                try:
-                    p.payload.decode("utf-8")
-                except UnicodeDecodeError:
-                    self._ack(conn, qos, p.packet_id, RC.PAYLOAD_FORMAT_INVALID)
+            if not is_alias_only(props):  # the interned alias-only value carries nothing else to check
+                if props.subscription_identifiers:
+                    self._disconnect(conn, RC.PROTOCOL_ERROR, "Subscription Identifier from a client (MQTT-3.3.4-6)")
                     return
-            msg = message_props(props, st.now)
+                if props.payload_format_indicator == 1:
+                    try:
+                        p.payload.decode("utf-8")
+                    except UnicodeDecodeError:
+                        self._ack(conn, qos, p.packet_id, RC.PAYLOAD_FORMAT_INVALID)
+                        return
+                msg = message_props(props, st.now)
         s = conn.session
-        if qos:
+        if qos and (conn.pending_ingest or s.inbound_qos2):  # else nothing is unacknowledged
             pending = conn.pending_ingest
             q2 = s.inbound_qos2
             pid = p.packet_id
@@ -112,12 +114,11 @@ class Inbound5:
         cache = conn.acl_cache
         allowed = cache.get(topic) if cache is not None else None  # a cached topic is within the bounds
         if allowed is None:
-            if over_limits(topic, self._max_levels, self._max_length) is not None:
-                self._inbound.acl_allows(conn, topic)  # counts the bound hit
+            allowed = self._inbound.acl_allows(conn, topic)  # a topic over the bounds: refused, the hit counted
+            if not allowed and over_limits(topic, self._max_levels, self._max_length) is not None:
                 st.pub_denied += 1
                 self._ack(conn, qos, p.packet_id, RC.TOPIC_NAME_INVALID)
                 return
-            allowed = self._inbound.acl_allows(conn, topic)
         if not allowed:
             st.pub_denied += 1
             self._ack(conn, qos, p.packet_id, RC.NOT_AUTHORIZED)
@@ -142,15 +143,40 @@ class Inbound5:
                 if self._inbound.ingest(conn, p, routed=True):
                     self._delivery.route(topic, p.payload, qos, p.retain, msg, conn.client_id)
                 return
+        delivery = self._delivery
         if qos == 2:
             if not s.qos2_received(p.packet_id):
                 self._ack(conn, 2, p.packet_id, 0)  # a DUP resend: routed the first time
                 return
-        n = self._delivery.route(topic, p.payload, qos, p.retain, msg, conn.client_id)
+            n = delivery.route(topic, p.payload, 2, p.retain, msg, conn.client_id)
+            st.write(conn, encode_pubrec5(p.packet_id, 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS))
+            return
+        # Delivery.route inlined, as in Inbound.on_publish: the per-message path of QoS 0 and 1
+        payload = p.payload
+        if p.retain:
+            delivery.retain(topic, payload, qos, conn.client_id, msg)
+        subs = st.match_cache.get(topic)
+        if subs is None:
+            subs = delivery.match(topic)
+        n = 0
+        if subs:
+            delivery.fanout(topic, payload, qos, subs, False, msg, conn.client_id, p.retain)
+            n = len(subs)
+        shared = st.shared
+        if shared is not None and shared.groups:
+            n += shared.route(topic, payload, qos, msg, p.retain, None)
         if qos:
-            # 0x10 only when this broker alone decides: forwarded to other nodes, it may have subscribers there
-            code = 0 if n or st.forward else RC.NO_MATCHING_SUBSCRIBERS
-            st.write(conn, encode_puback5(p.packet_id, code) if qos == 1 else encode_pubrec5(p.packet_id, code))
+            # 0x10 only when this broker alone decides: forwarded to other nodes, it may have subscribers there;
+            # success is the short PUBACK, the same 4 bytes as 3.1.1's (3.4.2.1)
+            out = conn.out  # BrokerState.write inlined
+            if not out:
+                dirty = st.dirty
+                if not dirty:
+                    st.wake()
+                dirty.append(conn)
+            out.append(encode_puback(p.packet_id) if n or st.forward
+                       else encode_puback5(p.packet_id, RC.NO_MATCHING_SUBSCRIBERS))
+            st.msgs_sent += 1
 
     def on_pubrec(self, conn: Connection, p: Pubrec5) -> None:
         if p.reason_code < 0x80:

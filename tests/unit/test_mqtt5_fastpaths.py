@@ -107,3 +107,35 @@ def test_aliased_receivers_get_the_messages_properties_and_remaining_expiry():
         for p in got:
             assert (p.properties.content_type, p.properties.user_properties, p.properties.message_expiry_interval) == (
                 "text/plain", (("k", "1"), ("k", "2")), 30)
+
+
+def test_deliveries_queued_behind_a_full_window_go_out_as_the_general_path_would():
+    """A plain MQTT 5 receiver whose window is full gets the message queued directly; the drain then
+    encodes it itself: a held alias as the alias alone, a new topic with a new alias, the topic in full
+    once the maximum is used up, and one over the Maximum Packet Size not at all (counted)."""
+    net = Net(mqtt={"topic_alias_maximum": 8})
+    aliased, plain = c5(net), c5(net)
+    aliased.connect5("a", topic_alias_maximum=2, receive_maximum=1, maximum_packet_size=60)
+    plain.connect5("p", receive_maximum=1)
+    for s in (aliased, plain):
+        s.sub5(Subscription("t/#", 1))
+    pub = c5(net)
+    pub.connect5("pub")
+    sent = [("t/a", b"0"), ("t/a", b"1"), ("t/b", b"2"), ("t/a", b"x" * 80), ("t/c", b"4"), ("t/b", b"5")]
+    pub.send(*(Publish5(t, m, 1, packet_id=n + 1) for n, (t, m) in enumerate(sent)))
+    assert [p.reason_code for p in pub.take()] == [0] * 6
+    for s in (aliased, plain):
+        assert len(s.conn.session.queue) == 5  # window of one: the rest waits in the session
+    got: dict[str, list] = {"a": [], "p": []}
+    for _ in range(len(sent)):
+        for s in (aliased, plain):
+            packets = publishes(s.take())
+            got[s.conn.client_id] += packets
+            s.send(*(Puback5(p.packet_id) for p in packets))
+    assert [(p.topic, p.properties.topic_alias, p.payload) for p in got["a"]] == [
+        ("t/a", 1, b"0"), ("", 1, b"1"), ("t/b", 2, b"2"), ("t/c", None, b"4"), ("", 2, b"5")]
+    assert [(p.topic, p.properties.topic_alias, p.payload) for p in got["p"]] == [
+        (t, None, m) for t, m in sent]
+    assert net.broker.state.too_large_dropped == 1
+    for s in (aliased, plain):
+        assert not s.conn.session.inflight and not s.conn.session.queue and not disconnects(s.take())
