@@ -1,3 +1,4 @@
+# Over 500 lines: one validated schema for every section of fanout.toml (units, env overrides, the error naming the key), read in one place.
 """Cluster configuration: one TOML file, every key optional, env overrides, validated at start.
 
 Strategy: a declarative schema (section -> key -> ``Field``) drives parsing, env overrides
