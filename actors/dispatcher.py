@@ -50,6 +50,7 @@ from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 
 from .ray_args import joined
 from .names import NAMESPACE
+from . import channels
 from .primary_link import PrimaryLink
 
 log = structlog.get_logger(__name__)
@@ -93,6 +94,8 @@ class Dispatcher:
         self.store = ShardStore(path, shard, map_size_bytes=st.map_size_bytes,
                                 max_map_size_bytes=st.max_map_size_bytes, sync=st.sync)
         self.core = DispatcherCore(self.store, shard, shards, group_bounds=group_bounds(config))
+        if channels.channels_enabled(config):
+            channels.channel_secret()  # one blocking GCS read, here rather than on the event loop later
         self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
         self.topics = TopicCatalog(self.store, shard, shards)  # durable topics held here (fanout.topics.log_calls)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")

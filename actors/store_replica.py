@@ -14,6 +14,10 @@ Strategy:
   are written next to the store and installed atomically.
 - :meth:`promote` closes the store for the Controller, which then starts the shard's new Dispatcher on
   this node over the same directory and kills this actor.
+- With ``cluster.direct_channels`` (default) the primary's ``hello`` and ``apply_many`` come over a direct
+  channel (:mod:`actors.channels`, service ``replica/<shard>/<replica_id>``), started in ``__init__`` like the
+  MQTT server of a connection node: a Ray call costs ~1.8 ms of CPU on the two sides, a channel call ~50 µs,
+  and a durable append pays one of these per commit. Snapshots stay on Ray calls (rare and large).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from storage.errors import StoreError
 from storage.replication_protocol import LogEntry, Rejected, ReplicaApplier, ReplicaReply, table_digests
 from storage.snapshot import SnapshotInfo
 
+from . import channels
 from .ray_args import INLINE_ARG_BYTES, joined_entries, split_entries
 
 log = structlog.get_logger(__name__)
@@ -63,8 +68,29 @@ class StoreReplica:
         self.applier: ReplicaApplier | None = ReplicaApplier(open_store(config, path, shard))
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{shard}-writer")
         self._incoming: dict[str, Path] = {}
+        self._channel: Any = None
+        self._channel_task = None
+        if channels.channels_enabled(config):
+            self._channel_task = asyncio.get_event_loop().create_task(self._start_channel(config))
         log.info("store replica started", shard=shard, replica=replica_id, path=path,
                  applied_seq=self.applier.applied_seq, epoch=self.applier.epoch, pid=os.getpid())
+
+    async def _start_channel(self, config: Any) -> None:
+        from fanout.channel import ChannelServer
+
+        secret = await asyncio.get_running_loop().run_in_executor(None, channels.channel_secret)
+        server = ChannelServer(secret, replica_service(self.shard, self.replica_id),
+                               {"hello": self.hello, "apply_many": self.apply_many},
+                               max_frame=config.cluster.channel_max_frame_bytes)
+        await server.start(channels.listen_host(config), 0)
+        self._channel = server
+
+    async def channel_address(self) -> tuple[str, int]:
+        """Where this replica's direct channel listens (raises if channels are off or it failed to start)."""
+        if self._channel_task is None:
+            raise RuntimeError(f"replica {self.replica_id} of shard {self.shard}: direct channels are off")
+        await self._channel_task
+        return self._channel.address
 
     def _live(self) -> ReplicaApplier:
         if self.applier is None:
@@ -148,9 +174,12 @@ class StoreReplica:
     async def status(self) -> dict[str, Any]:
         a = self.applier
         return {"replica_id": self.replica_id, "shard": self.shard, "path": self.path,
-                "applied_seq": a.applied_seq if a else None, "epoch": a.epoch if a else None, "promoted": a is None}
+                "applied_seq": a.applied_seq if a else None, "epoch": a.epoch if a else None, "promoted": a is None,
+                "channel": dict(self._channel.stats) if self._channel is not None else None}
 
     async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
         if self.applier is not None:
             await self._run(self.applier.store.close)
             self.applier = None
@@ -191,6 +220,34 @@ class RayReplicaTransport:
                 if offset >= size or not data:
                     break
         return await self.handle.install_snapshot.remote(epoch, token)
+
+
+class ChannelReplicaTransport:
+    """:class:`storage.replica_shipper.ReplicaTransport` over the replica's direct channel; snapshots, and a
+    call too large for one channel frame, go over Ray (:class:`RayReplicaTransport`)."""
+
+    def __init__(self, config: Any, handle: Any, shard: int, replica_id: str) -> None:
+        self.ray = RayReplicaTransport(handle)
+        self.client = channels.client_for(config, replica_service(shard, replica_id), handle)
+        self._frame_room = config.cluster.channel_max_frame_bytes - (1 << 20)  # pickling overhead of the entries
+
+    async def hello(self, epoch: int) -> ReplicaReply:
+        return await self.client.call("hello", epoch)
+
+    async def apply_many(self, epoch: int, entries: list[LogEntry]) -> ReplicaReply:
+        if sum(len(data) for _seq, data in entries) > self._frame_room:
+            return await self.ray.apply_many(epoch, entries)
+        return await self.client.call("apply_many", epoch, entries)
+
+    async def send_snapshot(self, epoch: int, info: SnapshotInfo) -> ReplicaReply:
+        return await self.ray.send_snapshot(epoch, info)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def replica_service(shard: int, replica_id: str) -> str:
+    return f"replica/{shard}/{replica_id}"
 
 
 def _read_chunk(path: Path, offset: int) -> bytes:

@@ -28,6 +28,9 @@ class FencedError(StoreError):
         self.epoch = epoch
         self.known_epoch = known_epoch
 
+    def __reduce__(self) -> tuple:  # keyword-only fields: pickled whole (it crosses actor channels)
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
 
 class SequenceError(StoreError):
     """An explicit ``seq`` was not ``applied_seq + 1`` (replicas apply the primary's seqs in order)."""
@@ -36,6 +39,9 @@ class SequenceError(StoreError):
         super().__init__(message)
         self.seq = seq
         self.applied_seq = applied_seq
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class BatchFormatError(StoreError):
@@ -48,3 +54,10 @@ class SnapshotInvalidatedError(StoreError):
 
 class StoreClosedError(StoreError):
     """The store was used after ``close()``."""
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> BaseException:
+    exc = Exception.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc

@@ -39,6 +39,9 @@ def test_acknowledged_batches_are_on_the_replica_and_status_shows_it(fanout):
         primary = ray.get(d.__ray_call__.remote(lambda self: table_digests(self.store)), timeout=30)
         replica = ray.get(next(iter(h["replicas"][k].values())).digests.remote(), timeout=30)
         assert primary == replica, f"shard {k}: replica tables differ from the primary's"
+        # the batches came over the replica's direct channel (cluster.direct_channels), not Ray calls
+        channel = ray.get(next(iter(h["replicas"][k].values())).status.remote(), timeout=30)["channel"]
+        assert channel["requests"] > 0 and channel["refused"] == 0
 
 
 def test_requested_failover_promotes_the_replica_and_rows_stay_deliverable(fanout):
