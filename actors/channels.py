@@ -13,11 +13,17 @@
 from __future__ import annotations
 
 import secrets
-from typing import Any
+import time
+from typing import Any, Awaitable, Callable, Mapping
 
-from fanout.channel import ChannelClient
+import structlog
+
+from fanout.channel import ChannelClient, ChannelError, ChannelServer
 
 from .names import NAMESPACE
+
+log = structlog.get_logger(__name__)
+FALLBACK_LOG_INTERVAL_S = 5.0
 
 _SECRET_KEY = b"channel-secret"
 _secret: bytes | None = None
@@ -60,4 +66,85 @@ def client_for(config: Any, service: str, handle: Any) -> ChannelClient:
     return ChannelClient(channel_secret(), service, resolve, max_frame=config.cluster.channel_max_frame_bytes)
 
 
-__all__ = ["channel_secret", "channels_enabled", "listen_host", "client_for"]
+class DirectCalls:
+    """Calls to one actor over its direct channel; a call the channel cannot carry (callee restarting or gone,
+    over ``max_frame``) is made as the Ray call it replaces, so the caller sees Ray's semantics then: retries of a
+    restarting actor (``max_task_retries``), ``RayActorError`` for a dead one. Callees are idempotent under
+    retries already (DESIGN: retried work must be idempotent), and a channel call that broke may have run.
+
+    Args:
+        config: the loaded config (``cluster.direct_channels``; off: every call is a Ray call).
+        handle: the callee's actor handle.
+        service: the callee's channel service name.
+    """
+
+    def __init__(self, config: Any, handle: Any, service: str) -> None:
+        self.handle = handle
+        self.service = service
+        self.client = client_for(config, service, handle) if channels_enabled(config) else None
+        self.fallbacks = 0
+        self._logged = 0.0
+
+    async def call(self, method: str, *args: Any) -> Any:
+        if self.client is not None:
+            try:
+                return await self.client.call(method, *args)
+            except ChannelError as exc:
+                self.fallbacks += 1
+                now = time.monotonic()
+                if now - self._logged > FALLBACK_LOG_INTERVAL_S:
+                    self._logged = now
+                    log.warning("direct channel call failed, made as a Ray call", service=self.service,
+                                method=method, error=str(exc)[:200], fallbacks=self.fallbacks)
+        return await getattr(self.handle, method).remote(*args)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+class ServedChannel:
+    """The callee's end: a :class:`fanout.channel.ChannelServer` started as a task (an actor's ``__init__``
+    must not block), and its address for :func:`client_for`'s ``resolve``."""
+
+    def __init__(self, config: Any, service: str, handlers: Mapping[str, Callable[..., Awaitable[Any]]]) -> None:
+        import asyncio
+
+        self.service = service
+        self.server: ChannelServer | None = None
+        self._task = None
+        if channels_enabled(config):
+            self._task = asyncio.get_event_loop().create_task(self._start(config, handlers))
+
+    async def _start(self, config: Any, handlers: Mapping[str, Callable[..., Awaitable[Any]]]) -> None:
+        import asyncio
+
+        secret = await asyncio.get_running_loop().run_in_executor(None, channel_secret)
+        server = ChannelServer(secret, self.service, handlers, max_frame=config.cluster.channel_max_frame_bytes)
+        await server.start(listen_host(config), 0)
+        self.server = server
+
+    async def address(self) -> tuple[str, int]:
+        """Where it listens (raises if channels are off or the server failed to start)."""
+        if self._task is None:
+            raise RuntimeError(f"channel {self.service}: direct channels are off")
+        await self._task
+        return self.server.address
+
+    def stats(self) -> dict[str, int] | None:
+        return dict(self.server.stats) if self.server is not None else None
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+
+
+def dispatcher_service(shard: int) -> str:
+    return f"dispatcher/{shard}"
+
+
+def node_service(node_id: str) -> str:
+    return f"node/{node_id}"
+
+
+__all__ = ["dispatcher_service", "node_service", "channel_secret", "channels_enabled", "listen_host", "client_for", "DirectCalls", "ServedChannel"]

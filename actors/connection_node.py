@@ -33,6 +33,8 @@ from fanout import log as fanout_log
 from fanout.node.core import NodeCore
 from fanout.records import Kick, pack_batch, unpack_batch
 
+from . import channels
+from .channels import dispatcher_service, node_service
 from .ray_args import chunked
 
 log = structlog.get_logger(__name__)
@@ -48,19 +50,24 @@ ROUTE_PERIOD_S = 0.05
 DELIVER_CHUNK = 256
 
 
-class _RayShardLink:
-    """:class:`fanout.node.ingest_rounds.ShardLink` over dispatcher actor handles.
+class _DispatcherLink:
+    """:class:`fanout.node.ingest_rounds.ShardLink` over the dispatchers' direct channels
+    (:class:`actors.channels.DirectCalls`, a Ray call when a channel cannot carry the call).
 
     A call to a shard whose dispatcher is replaced (failover) fails at once instead of hanging on the dead
     actor: its tickets are rejected and the platform resends them to the new primary (idempotent).
     """
 
-    def __init__(self, handles: list[Any]) -> None:
-        self._handles = handles
+    def __init__(self, config: Any, handles: list[Any]) -> None:
+        self.config = config
+        self.calls = [channels.DirectCalls(config, h, dispatcher_service(k)) for k, h in enumerate(handles)]
         self.shards = len(handles)
         self._replaced: dict[int, asyncio.Future] = {}
 
-    def replaced(self, shard: int) -> None:
+    def replace(self, shard: int, handle: Any) -> None:
+        """Failover: ``shard`` has a new primary; calls in flight to the old one fail now."""
+        self.calls[shard].close()
+        self.calls[shard] = channels.DirectCalls(self.config, handle, dispatcher_service(shard))
         fut = self._replaced.pop(shard, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
@@ -69,12 +76,16 @@ class _RayShardLink:
         fut = self._replaced.get(shard)
         if fut is None or fut.done():
             fut = self._replaced[shard] = asyncio.get_running_loop().create_future()
-        call = asyncio.ensure_future(getattr(self._handles[shard], method).remote(*args))
+        call = asyncio.ensure_future(self.calls[shard].call(method, *args))
         await asyncio.wait((call, fut), return_when=asyncio.FIRST_COMPLETED)
         if not call.done():
             call.cancel()
             raise RuntimeError(f"dispatcher of shard {shard} replaced during the call")
         return call.result()
+
+    def close(self) -> None:
+        for c in self.calls:
+            c.close()
 
     async def put_blobs(self, shard: int, items: list[tuple]) -> Any:
         return await self._call(shard, "put_blobs", items)
@@ -124,10 +135,14 @@ class ConnectionNode:
         self._reuse_port = reuse_port
         self._dispatchers = list(dispatchers)
         self._tick_s = config.fanout.tick_ms / 1000.0
-        self._link = _RayShardLink(self._dispatchers)
+        self._link = _DispatcherLink(config, self._dispatchers)
         self.edge = NodeCore(config, node_id, self._link, on_pending=self._schedule_flush, hold_connacks=True)
         self.server: Any = None
         self._peers: dict[str, Any] = {}
+        self._peer_calls: dict[str, channels.DirectCalls] = {}  # peer node id -> its forward channel
+        # the dispatchers' deliver calls and the peers' forwards come over a direct channel (actors.channels)
+        self._channel = channels.ServedChannel(config, node_service(node_id),
+                                               {"deliver": self.deliver, "forward": self.forward})
         self._events_busy: set[int] = set()
         self._forward_busy: set[str] = set()
         self._incarnations: dict[int, str] = {}
@@ -221,6 +236,10 @@ class ConnectionNode:
         handlers). Open connections stay; returns False when TLS is off or the files failed to load."""
         return self.server.reload_tls() if self.server is not None else False
 
+    async def channel_address(self) -> tuple[str, int]:
+        """Where this node's direct channel listens (``actors.channels``)."""
+        return await self._channel.address()
+
     async def check_health(self) -> None:
         """Raises if the listener failed; returning proves the event loop runs."""
         if self._start_task.done() and self._start_task.exception() is not None:
@@ -234,11 +253,21 @@ class ConnectionNode:
         if self.server is not None:
             await self.server.stop(drain=True, timeout=timeout_s)
         await self._persist_retained()
+        await self._channel.close()
+        self._link.close()
         return self.edge.stats()
 
     async def set_peers(self, peers: dict[str, Any]) -> None:
         """The other connection nodes (``{node_id: handle}``)."""
         self._peers = {n: h for n, h in peers.items() if n != self.node_id}
+        for n, h in self._peers.items():
+            calls = self._peer_calls.get(n)
+            if calls is None or calls.handle._ray_actor_id != h._ray_actor_id:
+                if calls is not None:
+                    calls.close()
+                self._peer_calls[n] = channels.DirectCalls(self.config, h, node_service(n))
+        for gone in set(self._peer_calls) - set(self._peers):
+            self._peer_calls.pop(gone).close()
         self.edge.routes.set_peers(self._peers)
 
     # -- calls from dispatchers -------------------------------------------------------------------------------
@@ -286,8 +315,8 @@ class ConnectionNode:
         Returns:
             The number of connections resent.
         """
-        self._dispatchers[shard] = handle  # the shard link shares this list
-        self._link.replaced(shard)
+        self._dispatchers[shard] = handle
+        self._link.replace(shard, handle)
         self._events_busy.discard(shard)
         self._incarnations.pop(shard, None)
         n = len(self.edge.sync_events(shard))
@@ -315,6 +344,9 @@ class ConnectionNode:
     async def peer_down(self, node_id: str) -> None:
         """Forget a dead peer's routes."""
         self._peers.pop(node_id, None)
+        calls = self._peer_calls.pop(node_id, None)
+        if calls is not None:
+            calls.close()
         self.edge.routes.remove_node(node_id)
 
     async def set_sys(self, values: dict[str, Any]) -> None:
@@ -336,7 +368,9 @@ class ConnectionNode:
                 **self._connack_holds(),
                 "deliver_calls": self._deliver_calls, "event_calls": self._event_calls,
                 "deliver_ms_avg": round(1000 * self._deliver_s / max(1, self._deliver_calls), 2),
-                "loop_lag_ms_max": round(1000 * lag, 1)}  # since the previous stats() call
+                "loop_lag_ms_max": round(1000 * lag, 1),  # since the previous stats() call
+                "channel": self._channel.stats(),
+                "channel_fallbacks": sum(c.fallbacks for c in (*self._link.calls, *self._peer_calls.values()))}
 
     def _connack_holds(self) -> dict[str, int]:
         """Vehicle CONNACKs waiting for their registration now, and those the 5 s bound let out unregistered
@@ -394,7 +428,7 @@ class ConnectionNode:
 
     async def _send_events(self, shard: int, events: list[tuple]) -> None:
         try:
-            incarnation = await self._dispatchers[shard].events.remote(self.node_id, pack_batch(events))
+            incarnation = await self._link.calls[shard].call("events", self.node_id, pack_batch(events))
             previous = self._incarnations.get(shard)
             self._incarnations[shard] = incarnation
             if previous is not None and previous != incarnation:
@@ -438,7 +472,10 @@ class ConnectionNode:
     async def _send_forwards(self, node: str, handle: Any, messages: list[tuple]) -> None:
         try:
             # packed: Ray's msgpack would turn the MQTT 5 Properties (a NamedTuple) into a plain list
-            await handle.forward.remote(self.node_id, pack_batch(messages))
+            calls = self._peer_calls.get(node)
+            if calls is None:
+                raise RuntimeError(f"peer {node} left")
+            await calls.call("forward", self.node_id, pack_batch(messages))
         except Exception as exc:
             log.warning("forward to peer failed", peer=node, messages=len(messages), error=str(exc)[:200])
         finally:

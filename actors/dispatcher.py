@@ -51,6 +51,7 @@ from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 from .ray_args import joined
 from .names import NAMESPACE
 from . import channels
+from .channels import dispatcher_service, node_service
 from .primary_link import PrimaryLink
 
 log = structlog.get_logger(__name__)
@@ -111,6 +112,11 @@ class Dispatcher:
         self._closed = False
         self._wake = asyncio.Event()
         self._controller = controller
+        self._node_calls: dict[str, channels.DirectCalls] = {}  # node id -> its deliver channel
+        # the nodes' hot calls to this shard (events, appends, ingest) come over a direct channel (actors.channels)
+        self._channel = channels.ServedChannel(config, dispatcher_service(shard), {
+            m: getattr(self, m) for m in ("events", "topic_append", "put_blobs", "has_data", "requests_in_use",
+                                          "trigger_conflicts", "ingest", "request_control")})
         loop = asyncio.get_event_loop()
         self._task = loop.create_task(self._run())
         self._groups_task = loop.create_task(self._topic_groups_loop())
@@ -126,6 +132,10 @@ class Dispatcher:
     async def ready(self) -> dict[str, Any]:
         """Returns ``{shard, incarnation, applied_seq}`` once the store is open."""
         return {"shard": self.shard, "incarnation": self.incarnation, "applied_seq": self.store.applied_seq}
+
+    async def channel_address(self) -> tuple[str, int]:
+        """Where this dispatcher's direct channel listens (``actors.channels``)."""
+        return await self._channel.address()
 
     async def check_health(self) -> None:
         """Raises if the tick task died (Ray then restarts the actor)."""
@@ -147,7 +157,7 @@ class Dispatcher:
                 await asyncio.sleep(min(5.0, 0.2 * (attempt + 1)))
         else:
             return
-        self._nodes = dict(nodes)
+        self._adopt_nodes(nodes)
         await self.repl.recover(controller, self.shard)
         await asyncio.gather(*(h.resync.remote(self.shard) for h in self._nodes.values()), return_exceptions=True)
         log.warning("dispatcher restarted and resynced", shard=self.shard, nodes=sorted(self._nodes),
@@ -158,8 +168,20 @@ class Dispatcher:
         """The connection nodes (``{node_id: handle}``); a node missing from the new map is down."""
         for gone in set(self._nodes) - set(nodes):
             self.core.node_down(gone)
-        self._nodes = dict(nodes)
+        self._adopt_nodes(nodes)
         self._kick()
+
+    def _adopt_nodes(self, nodes: dict[str, Any]) -> None:
+        """Take ``nodes`` as the node set; a node's deliver channel is kept while its actor is the same."""
+        for node, handle in nodes.items():
+            calls = self._node_calls.get(node)
+            if calls is None or calls.handle._ray_actor_id != handle._ray_actor_id:
+                if calls is not None:
+                    calls.close()
+                self._node_calls[node] = channels.DirectCalls(self.config, handle, node_service(node))
+        for gone in set(self._node_calls) - set(nodes):
+            self._node_calls.pop(gone).close()
+        self._nodes = dict(nodes)
 
     async def node_down(self, node_id: str) -> None:
         """A node died or restarted: forget every connection it had."""
@@ -178,6 +200,9 @@ class Dispatcher:
         """Stop the tick, finish pending writes, close the store."""
         self._closed = True
         self.repl.close()
+        await self._channel.close()
+        for calls in self._node_calls.values():
+            calls.close()
         self._task.cancel()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, lambda: None)  # drain queued writes
@@ -390,6 +415,8 @@ class Dispatcher:
         out["event_calls"] = self._calls_in
         out["deliver_calls"] = self._calls_out
         out["deliver_call_ms_avg"] = round(1000 * self._deliver_s / max(1, self._calls_out), 2)
+        out["channel"] = self._channel.stats()
+        out["channel_fallbacks"] = sum(c.fallbacks for c in self._node_calls.values())
         return out
 
     async def metrics(self) -> list[dict[str, Any]]:
@@ -503,7 +530,7 @@ class Dispatcher:
         sends = batch[0]
         started = time.perf_counter()
         try:
-            failures = await handle.deliver.remote(pack_batch(batch))
+            failures = await self._node_calls[node].call("deliver", pack_batch(batch))
             self._deliver_s += time.perf_counter() - started
             if failures:
                 self.core.delivery_failures(node, failures)

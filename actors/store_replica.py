@@ -68,29 +68,14 @@ class StoreReplica:
         self.applier: ReplicaApplier | None = ReplicaApplier(open_store(config, path, shard))
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{shard}-writer")
         self._incoming: dict[str, Path] = {}
-        self._channel: Any = None
-        self._channel_task = None
-        if channels.channels_enabled(config):
-            self._channel_task = asyncio.get_event_loop().create_task(self._start_channel(config))
+        self._channel = channels.ServedChannel(config, replica_service(shard, replica_id),
+                                               {"hello": self.hello, "apply_many": self.apply_many})
         log.info("store replica started", shard=shard, replica=replica_id, path=path,
                  applied_seq=self.applier.applied_seq, epoch=self.applier.epoch, pid=os.getpid())
 
-    async def _start_channel(self, config: Any) -> None:
-        from fanout.channel import ChannelServer
-
-        secret = await asyncio.get_running_loop().run_in_executor(None, channels.channel_secret)
-        server = ChannelServer(secret, replica_service(self.shard, self.replica_id),
-                               {"hello": self.hello, "apply_many": self.apply_many},
-                               max_frame=config.cluster.channel_max_frame_bytes)
-        await server.start(channels.listen_host(config), 0)
-        self._channel = server
-
     async def channel_address(self) -> tuple[str, int]:
         """Where this replica's direct channel listens (raises if channels are off or it failed to start)."""
-        if self._channel_task is None:
-            raise RuntimeError(f"replica {self.replica_id} of shard {self.shard}: direct channels are off")
-        await self._channel_task
-        return self._channel.address
+        return await self._channel.address()
 
     def _live(self) -> ReplicaApplier:
         if self.applier is None:
@@ -175,11 +160,10 @@ class StoreReplica:
         a = self.applier
         return {"replica_id": self.replica_id, "shard": self.shard, "path": self.path,
                 "applied_seq": a.applied_seq if a else None, "epoch": a.epoch if a else None, "promoted": a is None,
-                "channel": dict(self._channel.stats) if self._channel is not None else None}
+                "channel": self._channel.stats()}
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
+        await self._channel.close()
         if self.applier is not None:
             await self._run(self.applier.store.close)
             self.applier = None

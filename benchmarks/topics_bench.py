@@ -56,6 +56,7 @@ TARGET_APPEND_X_REDIS = 1.0
 TARGET_CONSUME = 50_000
 TARGET_DRAIN_S = 10.0
 SYSTEMS = ("fanout", "redis", "nats")
+DIRECT_CHANNELS = True  # cluster.direct_channels of the fanout subject (--ray-calls: false, the A/B of the channels)
 
 
 def _topics(n: int = VINS) -> list[str]:
@@ -173,6 +174,7 @@ class FanoutSubject:
         cfg = load_config(None, env={}).replace("mqtt", host="127.0.0.1", port=0, sys_interval="0s")
         cfg = cfg.replace("storage", data_dir=str(tmp / "data")).replace("http", port=0)
         cfg = cfg.replace("fanout", dispatchers=2, gc_interval="0s", replicas=1, min_replicas_to_ack=1)
+        cfg = cfg.replace("cluster", direct_channels=DIRECT_CHANNELS)
         cfg = dataclasses.replace(cfg, topics=(TopicSpec.build("responses", "ecp/+/response"),))
         ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 << 20,
                  resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False)
@@ -471,7 +473,8 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     result: dict[str, Any] = {**run_header(NAME, quick, started), "count": count, "msg_size": MSG_SIZE,
                               "publishers": PUBLISHERS, "windows": list(WINDOWS), "lag_window": WINDOW, "page": PAGE, "rate": RATE,
                               "outage_s": outage_s, "vins": VINS, "fanout_replicas": 1, "fanout_min_replicas_to_ack": 1,
-                              "redis_appendfsync": "always", "nats_fsync_per_message": False, "systems": {}}
+                              "redis_appendfsync": "always", "nats_fsync_per_message": False,
+                              "fanout_direct_channels": DIRECT_CHANNELS, "systems": {}}
     makers = {"fanout": FanoutSubject, "redis": RedisSubject, "nats": NatsSubject}
     for name in SYSTEMS:
         try:
@@ -499,7 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     global SYSTEMS
     parser = bench_parser(NAME, __doc__)
     parser.add_argument("--only", choices=SYSTEMS, default=None, help="one system only")
+    parser.add_argument("--ray-calls", action="store_true",
+                        help="fanout with cluster.direct_channels = false (hot calls as Ray calls), for A/B runs")
     args = parser.parse_args(argv)
+    global DIRECT_CHANNELS
+    DIRECT_CHANNELS = not args.ray_calls
     if args.only:
         SYSTEMS = (args.only,)
     r = run(args.quick, out_dir=args.out_dir)

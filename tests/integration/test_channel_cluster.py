@@ -1,0 +1,57 @@
+"""The cluster's hot calls over direct channels (actors.channels) on one local Ray: ingest, events and
+deliveries take the channels (Ray calls only as fallback), the same traffic works with
+``cluster.direct_channels = false``, and a restarted dispatcher is reached again over a new channel."""
+from __future__ import annotations
+
+import pytest
+import ray
+
+from .fanout_harness import Vehicle, fanout_config, publish_batch, running_cluster, wait_until
+
+
+def _handles(cluster) -> dict:
+    return ray.get(cluster.controller.handles.remote(), timeout=30)
+
+
+def _deliver_round(cluster, prefix: str, request_id: str) -> None:
+    vins = [f"{prefix}{i:03d}" for i in range(6)]
+    cars = [Vehicle(cluster.port, vin) for vin in vins]
+    try:
+        publish_batch(cluster.port, vins, request_id, data_id=f"{request_id}-blob", blob=b"payload")
+        for car in cars:
+            msg = car.next_message(20)
+            assert msg.topic == f"agent/{car.client_id}/proxy/request/{request_id}"
+        wait_until(lambda: cluster.inspect("request", request_id)["by_status"] == {"delivered": 6}, 20,
+                   f"{request_id} delivered")
+    finally:
+        for car in cars:
+            car.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["channels", "ray-calls"])
+def test_ingest_events_and_deliveries_with_and_without_channels(ray_local, tmp_path, direct):
+    cfg = fanout_config(tmp_path).replace("cluster", direct_channels=direct)
+    with running_cluster(cfg) as cluster:
+        _deliver_round(cluster, "CH" if direct else "RC", "ch-1")
+        h = _handles(cluster)
+        shards = ray.get([d.stats.remote() for d in h["dispatchers"]], timeout=30)
+        nodes = [ray.get(n.stats.remote(), timeout=30) for n in h["nodes"].values()]
+        if direct:
+            # events, ingest and PUBACKs reached the dispatchers over their channels, deliveries the node over its
+            assert sum(s["channel"]["requests"] for s in shards) > 0
+            assert all(s["channel"]["refused"] == 0 for s in shards)
+            assert nodes[0]["channel"]["requests"] > 0
+            assert nodes[0]["channel_fallbacks"] == 0 and all(s["channel_fallbacks"] == 0 for s in shards)
+        else:
+            assert all(s["channel"] is None for s in shards) and nodes[0]["channel"] is None
+
+
+def test_a_restarted_dispatcher_is_reached_over_its_new_channel(ray_local, tmp_path):
+    with running_cluster(fanout_config(tmp_path)) as cluster:
+        _deliver_round(cluster, "RS", "rs-1")
+        h = _handles(cluster)
+        d0 = h["dispatchers"][0]
+        before = ray.get(d0.channel_address.remote(), timeout=30)
+        ray.kill(d0, no_restart=False)  # Ray restarts it (max_restarts=-1): a new process on a new port
+        wait_until(lambda: ray.get(d0.channel_address.remote(), timeout=30) != before, 60, "restarted dispatcher")
+        _deliver_round(cluster, "RT", "rs-2")
