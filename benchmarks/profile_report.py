@@ -25,6 +25,7 @@ _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^:()]+)(?::\d+)?\)$")
 
 # (bucket, substrings of the file path or function), first match of the innermost classifiable frame wins.
 BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("direct channels (frames, pickling of the calls)", ("fanout/channel/", "actors/channels.py")),
     ("socket I/O (write/read syscalls, event loop)", ("fanout/mqtt/aio.py", "asyncio/selector_events.py",
                                                       "uvloop", "socket.py", "asyncio/base_events.py",
                                                       "asyncio/events.py")),

@@ -409,6 +409,8 @@ def _describe(target: Any) -> dict[str, Any]:
     if isinstance(target, EmbeddedCluster):
         log(NAME, f"fanout cluster on port {target.port} (started in {target.startup_s:.1f} s)")
         out.update({"startup_s": round(target.startup_s or 0, 2), "config": BENCH_CONFIG,
+                    # the A/B switch of the direct channels (docs/architecture.md): set it in the environment
+                    "direct_channels": os.environ.get("FANOUT_CLUSTER_DIRECT_CHANNELS", "true"),
                     "data_dir_fs": filesystem_of(target.data_dir), "dispatchers": len(target.pids("dispatcher")),
                     "nodes": len(target.pids("node"))})
     else:
