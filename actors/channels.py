@@ -24,6 +24,9 @@ from .names import NAMESPACE
 
 log = structlog.get_logger(__name__)
 FALLBACK_LOG_INTERVAL_S = 5.0
+# after a channel failure, calls go straight to Ray this long before the channel is tried again: a callee that
+# is restarting (or whose channel cannot start) would otherwise cost a resolve + a failed connect per call
+CHANNEL_RETRY_S = 1.0
 
 _SECRET_KEY = b"channel-secret"
 _secret: bytes | None = None
@@ -82,21 +85,34 @@ class DirectCalls:
         self.handle = handle
         self.service = service
         self.client = client_for(config, service, handle) if channels_enabled(config) else None
-        self.fallbacks = 0
+        self.fallbacks = 0  # calls made over Ray while channels are on
         self._logged = 0.0
+        self._retry_at = 0.0
+        self._on_ray = 0  # calls on Ray now
 
     async def call(self, method: str, *args: Any) -> Any:
-        if self.client is not None:
+        # While a call is on Ray, later calls go there too: one caller's calls keep their order (Ray starts an
+        # actor's calls from one caller in submission order, the channel in arrival order, not the two together).
+        if self.client is not None and not self._on_ray and (self.client.connected or
+                                                              time.monotonic() >= self._retry_at):
             try:
                 return await self.client.call(method, *args)
             except ChannelError as exc:
                 self.fallbacks += 1
                 now = time.monotonic()
+                if not self.client.connected:
+                    self._retry_at = now + CHANNEL_RETRY_S
                 if now - self._logged > FALLBACK_LOG_INTERVAL_S:
                     self._logged = now
                     log.warning("direct channel call failed, made as a Ray call", service=self.service,
                                 method=method, error=str(exc)[:200], fallbacks=self.fallbacks)
-        return await getattr(self.handle, method).remote(*args)
+        elif self.client is not None:
+            self.fallbacks += 1  # within CHANNEL_RETRY_S of a failure, or behind a call on Ray
+        self._on_ray += 1
+        try:
+            return await getattr(self.handle, method).remote(*args)
+        finally:
+            self._on_ray -= 1
 
     def close(self) -> None:
         if self.client is not None:

@@ -55,3 +55,46 @@ def test_a_restarted_dispatcher_is_reached_over_its_new_channel(ray_local, tmp_p
         ray.kill(d0, no_restart=False)  # Ray restarts it (max_restarts=-1): a new process on a new port
         wait_until(lambda: ray.get(d0.channel_address.remote(), timeout=30) != before, 60, "restarted dispatcher")
         _deliver_round(cluster, "RT", "rs-2")
+
+
+@ray.remote(num_cpus=0)
+class _Echo:
+    """A callee with a direct channel that a test can stop while its actor stays up."""
+
+    def __init__(self, config) -> None:
+        from actors.channels import ServedChannel
+
+        self.channel = ServedChannel(config, "echo/1", {"echo": self.echo})
+
+    async def echo(self, x):
+        return x
+
+    async def channel_address(self):
+        return await self.channel.address()
+
+    async def stop_channel(self) -> None:
+        await self.channel.close()
+
+    async def channel_stats(self):
+        return self.channel.stats()
+
+
+async def test_calls_fall_back_to_ray_when_the_channel_breaks_and_keep_their_order(ray_local, tmp_path):
+    import asyncio
+
+    from actors import channels
+
+    cfg = fanout_config(tmp_path)
+    callee = _Echo.remote(cfg)
+    calls = channels.DirectCalls(cfg, callee, "echo/1")
+    try:
+        assert await calls.call("echo", 1) == 1
+        assert (await callee.channel_stats.remote())["requests"] == 1 and calls.fallbacks == 0
+        await callee.stop_channel.remote()  # the connection breaks; the actor lives on
+        got = await asyncio.gather(*(calls.call("echo", i) for i in range(2, 40)))
+        assert got == list(range(2, 40))  # every call answered, over Ray
+        assert calls.fallbacks >= 1 and not calls.client.connected
+        assert await calls.call("echo", "again") == "again"
+    finally:
+        calls.close()
+        ray.kill(callee)
