@@ -155,6 +155,24 @@ class ServedChannel:
             await self.server.close()
 
 
+def rewire(current: dict[str, Any], handles: Mapping[str, Any], make: Callable[[str, Any], Any]) -> dict[str, Any]:
+    """The callers of ``handles`` (key -> actor handle): a caller in ``current`` whose actor is the same is kept
+    (its open channel with it), any other is closed and made anew by ``make(key, handle)``; callers of keys
+    no longer named are closed. Callers have ``handle`` and ``close()``."""
+    out = {}
+    for key, handle in handles.items():
+        caller = current.get(key)
+        if caller is not None and caller.handle._ray_actor_id == handle._ray_actor_id:
+            out[key] = caller
+            continue
+        if caller is not None:
+            caller.close()
+        out[key] = make(key, handle)
+    for key in set(current) - set(handles):
+        current[key].close()
+    return out
+
+
 def dispatcher_service(shard: int) -> str:
     return f"dispatcher/{shard}"
 
@@ -163,4 +181,4 @@ def node_service(node_id: str) -> str:
     return f"node/{node_id}"
 
 
-__all__ = ["dispatcher_service", "node_service", "channel_secret", "channels_enabled", "listen_host", "client_for", "DirectCalls", "ServedChannel"]
+__all__ = ["rewire", "dispatcher_service", "node_service", "channel_secret", "channels_enabled", "listen_host", "client_for", "DirectCalls", "ServedChannel"]

@@ -260,14 +260,8 @@ class ConnectionNode:
     async def set_peers(self, peers: dict[str, Any]) -> None:
         """The other connection nodes (``{node_id: handle}``)."""
         self._peers = {n: h for n, h in peers.items() if n != self.node_id}
-        for n, h in self._peers.items():
-            calls = self._peer_calls.get(n)
-            if calls is None or calls.handle._ray_actor_id != h._ray_actor_id:
-                if calls is not None:
-                    calls.close()
-                self._peer_calls[n] = channels.DirectCalls(self.config, h, node_service(n))
-        for gone in set(self._peer_calls) - set(self._peers):
-            self._peer_calls.pop(gone).close()
+        self._peer_calls = channels.rewire(self._peer_calls, self._peers,
+                                           lambda n, h: channels.DirectCalls(self.config, h, node_service(n)))
         self.edge.routes.set_peers(self._peers)
 
     # -- calls from dispatchers -------------------------------------------------------------------------------

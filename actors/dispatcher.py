@@ -173,14 +173,8 @@ class Dispatcher:
 
     def _adopt_nodes(self, nodes: dict[str, Any]) -> None:
         """Take ``nodes`` as the node set; a node's deliver channel is kept while its actor is the same."""
-        for node, handle in nodes.items():
-            calls = self._node_calls.get(node)
-            if calls is None or calls.handle._ray_actor_id != handle._ray_actor_id:
-                if calls is not None:
-                    calls.close()
-                self._node_calls[node] = channels.DirectCalls(self.config, handle, node_service(node))
-        for gone in set(self._node_calls) - set(nodes):
-            self._node_calls.pop(gone).close()
+        self._node_calls = channels.rewire(self._node_calls, nodes,
+                                           lambda node, h: channels.DirectCalls(self.config, h, node_service(node)))
         self._nodes = dict(nodes)
 
     async def node_down(self, node_id: str) -> None:

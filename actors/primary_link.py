@@ -92,24 +92,14 @@ class PrimaryLink:
         if epoch != self.replicator.epoch:
             raise FencedError(f"shard {self.store.shard_id}: primary at epoch {self.replicator.epoch}, the controller "
                               f"is at epoch {epoch}", epoch=self.replicator.epoch, known_epoch=epoch)
-        self.replicator.set_replicas({rid: self._transport(rid, h) for rid, h in replicas.items()}, min_acks)
-        for rid in set(self._transports) - set(replicas):
-            _close(self._transports.pop(rid))
+        self._transports = channels.rewire(self._transports, replicas, self._transport)
+        self.replicator.set_replicas(dict(self._transports), min_acks)
         return self.status()
 
     def _transport(self, rid: str, handle: Any) -> Any:
-        """The transport of replica ``rid``: the one it had (its channel connection kept), else a new one."""
-        t = self._transports.get(rid)
-        if t is not None and t.ray.handle._ray_actor_id == handle._ray_actor_id:
-            return t
-        if t is not None:
-            _close(t)
         if channels.channels_enabled(self.config):
-            t = ChannelReplicaTransport(self.config, handle, self.store.shard_id, rid)
-        else:
-            t = _RayOnly(handle)
-        self._transports[rid] = t
-        return t
+            return ChannelReplicaTransport(self.config, handle, self.store.shard_id, rid)
+        return _RayOnly(handle)
 
     async def recover(self, controller: Any, shard: int) -> None:
         """After a Ray restart: fetch this shard's replicas from the Controller."""
@@ -130,23 +120,14 @@ class PrimaryLink:
     def close(self) -> None:
         if self.replicator is not None:
             self.replicator.close()
-        for t in self._transports.values():
-            _close(t)
-        self._transports.clear()
+        self._transports = channels.rewire(self._transports, {}, self._transport)
 
 
 class _RayOnly(RayReplicaTransport):
     """``cluster.direct_channels = false``: every replica call is a Ray call."""
 
-    @property
-    def ray(self) -> RayReplicaTransport:
-        return self
-
-
-def _close(transport: Any) -> None:
-    close = getattr(transport, "close", None)
-    if close is not None:
-        close()
+    def close(self) -> None:
+        pass
 
 
 def _resolve(waiters: list[asyncio.Future], counts: dict[str, int], exc: BaseException | None) -> None:

@@ -211,6 +211,7 @@ class ChannelReplicaTransport:
     call too large for one channel frame, go over Ray (:class:`RayReplicaTransport`)."""
 
     def __init__(self, config: Any, handle: Any, shard: int, replica_id: str) -> None:
+        self.handle = handle
         self.ray = RayReplicaTransport(handle)
         self.client = channels.client_for(config, replica_service(shard, replica_id), handle)
         self._frame_room = config.cluster.channel_max_frame_bytes - (1 << 20)  # pickling overhead of the entries
