@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import time
 from typing import Any, Awaitable, Callable, Mapping
@@ -59,11 +60,29 @@ def listen_host(config: Any) -> str:
     return host
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return host == "localhost"
+
+
+def _this_machine() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 def client_for(config: Any, service: str, handle: Any) -> ChannelClient:
     """A client of the channel ``service`` served by the actor ``handle`` (resolved via ``channel_address``)."""
 
     async def resolve() -> tuple[str, int]:
-        host, port = await handle.channel_address.remote()
+        host, port, machine = await handle.channel_address.remote()
+        if _is_loopback(host) and machine != _this_machine():
+            # e.g. the default 127.0.0.1 on a cluster spanning machines: our own loopback is not the callee's
+            raise ChannelError(f"channel {service} listens on {host} of machine {machine}, not this one "
+                               f"({_this_machine()}): set cluster.channel_host = \"node\" on clusters spanning "
+                               "machines; calls go over Ray meanwhile")
         return host, port
 
     return ChannelClient(channel_secret(), service, resolve, max_frame=config.cluster.channel_max_frame_bytes)
@@ -140,12 +159,13 @@ class ServedChannel:
         await server.start(listen_host(config), 0)
         self.server = server
 
-    async def address(self) -> tuple[str, int]:
-        """Where it listens (raises if channels are off or the server failed to start)."""
+    async def address(self) -> tuple[str, int, str]:
+        """``(host, port, machine)``: where it listens, and the Ray node IP of its machine (a loopback ``host`` is
+        reachable from that machine only). Raises if channels are off or the server failed to start."""
         if self._task is None:
             raise RuntimeError(f"channel {self.service}: direct channels are off")
         await self._task
-        return self.server.address
+        return (*self.server.address, _this_machine())
 
     def stats(self) -> dict[str, int] | None:
         return dict(self.server.stats) if self.server is not None else None

@@ -73,7 +73,7 @@ class StoreReplica:
         log.info("store replica started", shard=shard, replica=replica_id, path=path,
                  applied_seq=self.applier.applied_seq, epoch=self.applier.epoch, pid=os.getpid())
 
-    async def channel_address(self) -> tuple[str, int]:
+    async def channel_address(self) -> tuple[str, int, str]:
         """Where this replica's direct channel listens (raises if channels are off or it failed to start)."""
         return await self._channel.address()
 

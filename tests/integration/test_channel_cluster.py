@@ -57,8 +57,7 @@ def test_a_restarted_dispatcher_is_reached_over_its_new_channel(ray_local, tmp_p
         _deliver_round(cluster, "RT", "rs-2")
 
 
-@ray.remote(num_cpus=0)
-class _Echo:
+class _EchoCallee:
     """A callee with a direct channel that a test can stop while its actor stays up."""
 
     def __init__(self, config) -> None:
@@ -79,6 +78,9 @@ class _Echo:
         return self.channel.stats()
 
 
+_Echo = ray.remote(num_cpus=0)(_EchoCallee)
+
+
 async def test_calls_fall_back_to_ray_when_the_channel_breaks_and_keep_their_order(ray_local, tmp_path):
     import asyncio
 
@@ -95,6 +97,33 @@ async def test_calls_fall_back_to_ray_when_the_channel_breaks_and_keep_their_ord
         assert got == list(range(2, 40))  # every call answered, over Ray
         assert calls.fallbacks >= 1 and not calls.client.connected
         assert await calls.call("echo", "again") == "again"
+    finally:
+        calls.close()
+        ray.kill(callee)
+
+
+class _ElsewhereCallee(_EchoCallee):
+    """A callee whose channel listens on loopback of ANOTHER machine (what the default channel_host of 127.0.0.1
+    gives on a cluster spanning machines): a caller here must not connect to its own loopback."""
+
+    async def channel_address(self):
+        host, port, _machine = await self.channel.address()
+        return host, port, "192.0.2.7"  # TEST-NET-1: never contacted, only compared
+
+
+_Elsewhere = ray.remote(num_cpus=0)(_ElsewhereCallee)
+
+
+async def test_a_loopback_channel_on_another_machine_is_not_dialled_calls_go_over_ray(ray_local, tmp_path):
+    from actors import channels
+
+    cfg = fanout_config(tmp_path)
+    callee = _Elsewhere.remote(cfg)
+    calls = channels.DirectCalls(cfg, callee, "echo/1")
+    try:
+        assert [await calls.call("echo", i) for i in range(3)] == [0, 1, 2]
+        assert calls.fallbacks == 3 and calls.client.connects == 0
+        assert (await callee.channel_stats.remote())["requests"] == 0
     finally:
         calls.close()
         ray.kill(callee)
