@@ -15,6 +15,9 @@ from fanout.mqtt.trie import SubscriptionTrie
 from fanout.topics.settings import RECEIPTS
 
 
+WALKED_MAX = 4096
+
+
 class DurableTopics:
     """The durable topics a node appends to.
 
@@ -32,6 +35,9 @@ class DurableTopics:
         self._shard_of = shard_of_partition
         self._trie: SubscriptionTrie[str] = SubscriptionTrie()
         self._suffixes: tuple[str, ...] | None = None
+        # topic -> the names its walk matched, from matches() to the targets() of the same publish (a node
+        # processes a read buffer's publishes before their appends): one trie walk per appended publish, not two
+        self._walked: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Any] = {}
         self.set_specs(specs)
 
@@ -44,6 +50,7 @@ class DurableTopics:
         for spec in new.values():
             trie.add(spec.filter, spec.name, 1)
         self._trie, self.specs = trie, new
+        self._walked.clear()
         self._suffixes = _last_levels(spec.filter for spec in new.values())
         return True
 
@@ -57,13 +64,21 @@ class DurableTopics:
         suffixes = self._suffixes
         if suffixes is not None and not topic.endswith(suffixes):
             return False
-        return bool(self._trie.match(topic))
+        names = self._trie.match(topic)
+        if not names:
+            return False
+        walked = self._walked
+        if len(walked) >= WALKED_MAX:  # publishes whose append never came (refused first): bounded
+            walked.clear()
+        walked[topic] = names
+        return True
 
     def targets(self, topic: str, client_id: str) -> list[tuple[str, int, int]]:
         """``(topic name, partition, shard)`` of every durable topic ``topic`` goes to."""
         out = []
         specs = self.specs
-        for name in self._trie.match(topic):
+        names = self._walked.pop(topic, None)
+        for name in (self._trie.match(topic) if names is None else names):
             spec = specs[name]
             p = self._partition_for(spec, topic, client_id, self.shards)
             out.append((name, p, self._shard_of(p, self.shards)))

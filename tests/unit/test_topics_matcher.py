@@ -36,3 +36,23 @@ def test_the_last_level_check_never_rejects_a_match():
     assert not d.matches("ecp/V/heartbeat") and not d.matches("x/single") and not d.matches("ecp/V/x/response")
     d.set_specs([TopicSpec.build("w", "plant/+")])  # ends in a wildcard: every ending may match
     assert d.matches("plant/anything") and not d.matches("plant/a/b")
+
+
+def test_targets_after_matches_reuse_the_walk_and_stay_right_when_topics_change():
+    from fanout.topics import matcher
+
+    d = DurableTopics(2, [RESP, ALL_ECP])
+    fresh = DurableTopics(2, [RESP, ALL_ECP])
+    topics = [f"ecp/V{i}/response" for i in range(50)]
+    assert all(d.matches(t) for t in topics)  # a read buffer's publishes, then their appends
+    assert len(d._walked) == 50
+    for t in topics:
+        assert sorted(d.targets(t, "c")) == sorted(fresh.targets(t, "c"))
+    assert d._walked == {}
+    assert d.matches("ecp/V1/response")
+    d.set_specs([PLANT])  # the topic set changed between the publish and its append: no stale names
+    assert d.targets("ecp/V1/response", "c") == [] and d._walked == {}
+    d.set_specs([RESP])
+    for i in range(matcher.WALKED_MAX + 10):  # publishes whose append never came: bounded
+        d.matches(f"ecp/X{i}/response")
+    assert len(d._walked) <= matcher.WALKED_MAX
