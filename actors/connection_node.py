@@ -34,6 +34,7 @@ from fanout.node.core import NodeCore
 from fanout.records import Kick, pack_batch, unpack_batch
 
 from . import channels
+from .untraced import plain, unwrap_private_methods
 from .channels import dispatcher_service, node_service
 from .ray_args import chunked
 
@@ -127,6 +128,7 @@ class ConnectionNode:
     def __init__(self, config: Any, node_id: str, host: str, port: int, dispatchers: list[Any],
                  reuse_port: bool = False) -> None:
         fanout_log.ensure_configured()
+        unwrap_private_methods(self)  # the actor's own hot calls skip Ray's tracing shim (actors.untraced)
         gc.set_threshold(*GC_THRESHOLDS)
         self.config = config
         self.node_id = node_id
@@ -142,7 +144,7 @@ class ConnectionNode:
         self._peer_calls: dict[str, channels.DirectCalls] = {}  # peer node id -> its forward channel
         # the dispatchers' deliver calls and the peers' forwards come over a direct channel (actors.channels)
         self._channel = channels.ServedChannel(config, node_service(node_id),
-                                               {"deliver": self.deliver, "forward": self.forward})
+                                               {m: plain(self, m) for m in ("deliver", "forward")})
         self._events_busy: set[int] = set()
         self._forward_busy: set[str] = set()
         self._incarnations: dict[int, str] = {}

@@ -51,6 +51,7 @@ from storage.batch import DELETE_BLOB, DELETE_BLOB_IF
 from .ray_args import joined
 from .names import NAMESPACE
 from . import channels
+from .untraced import plain, unwrap_private_methods
 from .channels import dispatcher_service, node_service
 from .primary_link import PrimaryLink
 
@@ -86,6 +87,7 @@ class Dispatcher:
     def __init__(self, config: Any, shard: int, shards: int, data_dir: str, controller: str | None = None,
                  replication: dict[str, Any] | None = None) -> None:
         fanout_log.ensure_configured()
+        unwrap_private_methods(self)  # the actor's own hot calls skip Ray's tracing shim (actors.untraced)
         gc.set_threshold(*GC_THRESHOLDS)
         self.config = config
         self.shard = shard
@@ -115,7 +117,7 @@ class Dispatcher:
         self._node_calls: dict[str, channels.DirectCalls] = {}  # node id -> its deliver channel
         # the nodes' hot calls to this shard (events, appends, ingest) come over a direct channel (actors.channels)
         self._channel = channels.ServedChannel(config, dispatcher_service(shard), {
-            m: getattr(self, m) for m in ("events", "topic_append", "put_blobs", "has_data", "requests_in_use",
+            m: plain(self, m) for m in ("events", "topic_append", "put_blobs", "has_data", "requests_in_use",
                                           "trigger_conflicts", "ingest", "request_control")})
         loop = asyncio.get_event_loop()
         self._task = loop.create_task(self._run())

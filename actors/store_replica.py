@@ -38,6 +38,7 @@ from storage.replication_protocol import LogEntry, Rejected, ReplicaApplier, Rep
 from storage.snapshot import SnapshotInfo
 
 from . import channels
+from .untraced import plain, unwrap_private_methods
 from .ray_args import INLINE_ARG_BYTES, joined_entries, split_entries
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,7 @@ class StoreReplica:
 
     def __init__(self, config: Any, shard: int, replica_id: str, path: str) -> None:
         fanout_log.ensure_configured()
+        unwrap_private_methods(self)  # the actor's own hot calls skip Ray's tracing shim (actors.untraced)
         self.shard = shard
         self.replica_id = replica_id
         self.path = path
@@ -69,7 +71,7 @@ class StoreReplica:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{shard}-writer")
         self._incoming: dict[str, Path] = {}
         self._channel = channels.ServedChannel(config, replica_service(shard, replica_id),
-                                               {"hello": self.hello, "apply_many": self.apply_many})
+                                               {m: plain(self, m) for m in ("hello", "apply_many")})
         log.info("store replica started", shard=shard, replica=replica_id, path=path,
                  applied_seq=self.applier.applied_seq, epoch=self.applier.epoch, pid=os.getpid())
 
