@@ -20,6 +20,9 @@ Families (``_total`` is added by the exposition for counters):
   values appear as gauges named after their topic);
 - GC: ``fanout_gc_cycles_total{result}``, ``fanout_gc_cycle_duration_seconds`` (summary of completed
   cycles), ``fanout_gc_last_cycle_stage_seconds{stage}``, ``fanout_gc_deleted_total``;
+- per node and per shard: ``fanout_channel_requests_total``, ``fanout_channel_refused_total``,
+  ``fanout_channel_protocol_errors_total``, ``fanout_channel_fallbacks_total`` (the direct channels,
+  :mod:`actors.channels`);
 - ``fanout_requests{state}``: requests per lifecycle state (``active``: rows pending; ``done``; ``cancelled``;
   ``expired``), from the per-request counters (:mod:`actors.requests`);
 - ``fanout_metrics_collect_seconds``: how long gathering this snapshot took.
@@ -45,6 +48,16 @@ SHARD_FIGURES: tuple[tuple[str, str, str, str], ...] = (
     ("requests_rows", "fanout_request_rows", "gauge", "Per-request status rows (reqs table)."),
     ("used_bytes", "fanout_store_used_bytes", "gauge", "Bytes used in the shard's LMDB map."),
     ("applied_seq", "fanout_shard_applied_seq", "gauge", "Sequence number of the last write batch applied."),
+)
+# (dotted key in a node's or shard's stats, family name, kind, help): the actor's direct channel (actors.channels)
+CHANNEL_FIGURES: tuple[tuple[str, str, str, str], ...] = (
+    ("channel.requests", "fanout_channel_requests", "counter", "Calls served over the actor's direct channel."),
+    ("channel.refused", "fanout_channel_refused", "counter",
+     "Direct-channel connections refused: no proof of the cluster secret, another service, handshake timeout."),
+    ("channel.protocol_errors", "fanout_channel_protocol_errors", "counter",
+     "Direct-channel connections closed for a malformed or oversize frame."),
+    ("channel_fallbacks", "fanout_channel_fallbacks", "counter",
+     "Calls made as Ray calls because a direct channel could not carry them (callee restarting, over max_frame)."),
 )
 # (key in a node's stats, family name, kind, help)
 NODE_FIGURES: tuple[tuple[str, str, str, str], ...] = (
@@ -80,6 +93,16 @@ _NAME_JUNK = re.compile(r"[^a-zA-Z0-9_]+")
 def _family(name: str, kind: str, doc: str, labels: list[str]) -> Metric:
     cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
     return cls(name, doc, labels=labels)
+
+
+def _figure(stats: dict[str, Any], key: str) -> Any:
+    """``stats[key]``, a dotted key reading into nested dicts (``channel.requests``); None when absent."""
+    value: Any = stats
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 def _number(value: Any) -> float | None:
@@ -128,15 +151,17 @@ class SnapshotCollector:
     def _shards(self, status: dict[str, Any]) -> Iterator[Metric]:
         primary_node = {r["shard"]: (r["primary"].get("node") or "") for r in status.get("replication", [])}
         up = GaugeMetricFamily("fanout_shard_up", "1 when the shard's primary answered.", labels=["shard", "node"])
-        families = [(key, _family(name, kind, doc, ["shard", "node"])) for key, name, kind, doc in SHARD_FIGURES]
+        families = [(key, _family(name, kind, doc, ["shard", "node"]))
+                    for key, name, kind, doc in (*SHARD_FIGURES, *CHANNEL_FIGURES)]
         for s in status.get("shards", []):
             labels = [str(s["shard"]), primary_node.get(s["shard"], "")]
             up.add_metric(labels, 1 if s.get("alive") else 0)
             if not s.get("alive"):
                 continue
             for key, fam in families:
-                if key in s:
-                    fam.add_metric(labels, s[key])
+                value = _figure(s, key)
+                if value is not None:
+                    fam.add_metric(labels, value)
         yield up
         for _, fam in families:
             yield fam
@@ -162,15 +187,16 @@ class SnapshotCollector:
                                labels=["node"])
         auth = CounterMetricFamily("fanout_auth_failures", "Refused logins (bad credentials, not authorised).",
                                    labels=["node", "listener"])
-        families = [(key, _family(name, kind, doc, ["node"])) for key, name, kind, doc in NODE_FIGURES]
+        families = [(key, _family(name, kind, doc, ["node"])) for key, name, kind, doc in (*NODE_FIGURES, *CHANNEL_FIGURES)]
         for n in status.get("nodes", []):
             node = str(n["node_id"])
             up.add_metric([node], 1 if n.get("alive") else 0)
             if "connections" not in n:  # no answer: only the up figure
                 continue
             for key, fam in families:
-                if key in n:
-                    fam.add_metric([node], n[key])
+                value = _figure(n, key)
+                if value is not None:
+                    fam.add_metric([node], value)
             if "auth_failures" in n:
                 auth.add_metric([node, "mqtt"], n["auth_failures"])
         auth.add_metric(["controller", "http"], http_auth_failures)

@@ -97,6 +97,11 @@ def test_metrics_parse_and_agree_with_fanout_status(cluster):
     assert metric_sum(m, "fanout_broker_publish_received_total", node="n0") >= 3  # blob, trigger, heartbeat
     assert metric_sum(m, "fanout_broker_uptime_seconds", node="n0") >= 0
     assert metric_sum(m, "fanout_broker_info", node="n0") == 1
+    # the hot calls went over the direct channels: the shards served the node's events and ingest, the node
+    # the deliveries; none was refused and none fell back to Ray
+    assert m[("fanout_channel_requests_total", frozenset({("node", "n0")}))] > 0  # the node's own (no shard label)
+    assert all(metric_sum(m, "fanout_channel_requests_total", shard=str(k)) > 0 for k in range(shards))
+    assert metric_sum(m, "fanout_channel_refused_total") == 0 and metric_sum(m, "fanout_channel_fallbacks_total") == 0
     assert ("fanout_gc_cycles_total", frozenset({("result", "ok")})) in m
     assert ("fanout_gc_cycle_duration_seconds_count", frozenset()) in m
     states = {dict(labels)["state"]: v for (name, labels), v in m.items() if name == "fanout_requests"}

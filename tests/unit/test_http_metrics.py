@@ -12,9 +12,10 @@ def samples(snapshot: dict) -> dict[tuple[str, frozenset], float]:
 
 
 SHARD = {"shard": 0, "alive": True, "pending_rows": 7, "in_flight": 1, "delivered": 5, "rows_enqueued": 13,
-         "connected": 2, "data_blobs": 1, "requests_rows": 13, "used_bytes": 4096, "applied_seq": 21}
+         "connected": 2, "data_blobs": 1, "requests_rows": 13, "used_bytes": 4096, "applied_seq": 21,
+         "channel": {"connections": 1, "refused": 2, "requests": 40, "protocol_errors": 0}, "channel_fallbacks": 3}
 NODE = {"node_id": "n0", "alive": True, "connections": 3, "sessions": 4, "triggers": 2, "blobs": 2, "rejected": 1,
-        "auth_failures": 6}
+        "auth_failures": 6, "channel": None, "channel_fallbacks": 0}  # channels off on this node
 REPLICATION = [{"shard": 0, "epoch": 2, "primary": {"node": "n1", "alive": True}, "failing_over": False,
                 "replicas": [{"id": "r0", "node": "n0", "lag": 3, "in_sync": False}]},
                {"shard": 1, "epoch": 1, "primary": {"node": "n0", "alive": False}, "replicas": []}]
@@ -84,3 +85,13 @@ def test_no_state_between_renders():
     second = samples(snapshot(http_auth_failures=5))
     key = ("fanout_auth_failures_total", frozenset({("node", "controller"), ("listener", "http")}))
     assert (first[key], second[key]) == (1, 5)
+
+
+def test_direct_channel_figures_per_shard_and_node():
+    m = samples(snapshot())
+    at = frozenset({("shard", "0"), ("node", "n1")})
+    assert m[("fanout_channel_requests_total", at)] == 40 and m[("fanout_channel_refused_total", at)] == 2
+    assert m[("fanout_channel_protocol_errors_total", at)] == 0 and m[("fanout_channel_fallbacks_total", at)] == 3
+    n0 = frozenset({("node", "n0")})
+    assert m[("fanout_channel_fallbacks_total", n0)] == 0
+    assert ("fanout_channel_requests_total", n0) not in m  # channels off there: no figure rather than a 0
