@@ -3,6 +3,9 @@ deliveries take the channels (Ray calls only as fallback), the same traffic work
 ``cluster.direct_channels = false``, and a restarted dispatcher is reached again over a new channel."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 import ray
 
@@ -81,15 +84,23 @@ class _EchoCallee:
 _Echo = ray.remote(num_cpus=0)(_EchoCallee)
 
 
-async def test_calls_fall_back_to_ray_when_the_channel_breaks_and_keep_their_order(ray_local, tmp_path):
-    import asyncio
-
+@contextlib.asynccontextmanager
+async def _calls_to(actor_class, tmp_path):
+    """A callee actor of ``actor_class`` and the driver's DirectCalls to it; both gone at the end."""
     from actors import channels
 
     cfg = fanout_config(tmp_path)
-    callee = _Echo.remote(cfg)
+    callee = actor_class.remote(cfg)
     calls = channels.DirectCalls(cfg, callee, "echo/1")
     try:
+        yield callee, calls
+    finally:
+        calls.close()
+        ray.kill(callee)
+
+
+async def test_calls_fall_back_to_ray_when_the_channel_breaks_and_keep_their_order(ray_local, tmp_path):
+    async with _calls_to(_Echo, tmp_path) as (callee, calls):
         assert await calls.call("echo", 1) == 1
         assert (await callee.channel_stats.remote())["requests"] == 1 and calls.fallbacks == 0
         await callee.stop_channel.remote()  # the connection breaks; the actor lives on
@@ -97,9 +108,6 @@ async def test_calls_fall_back_to_ray_when_the_channel_breaks_and_keep_their_ord
         assert got == list(range(2, 40))  # every call answered, over Ray
         assert calls.fallbacks >= 1 and not calls.client.connected
         assert await calls.call("echo", "again") == "again"
-    finally:
-        calls.close()
-        ray.kill(callee)
 
 
 class _ElsewhereCallee(_EchoCallee):
@@ -115,15 +123,7 @@ _Elsewhere = ray.remote(num_cpus=0)(_ElsewhereCallee)
 
 
 async def test_a_loopback_channel_on_another_machine_is_not_dialled_calls_go_over_ray(ray_local, tmp_path):
-    from actors import channels
-
-    cfg = fanout_config(tmp_path)
-    callee = _Elsewhere.remote(cfg)
-    calls = channels.DirectCalls(cfg, callee, "echo/1")
-    try:
+    async with _calls_to(_Elsewhere, tmp_path) as (callee, calls):
         assert [await calls.call("echo", i) for i in range(3)] == [0, 1, 2]
         assert calls.fallbacks == 3 and calls.client.connects == 0
         assert (await callee.channel_stats.remote())["requests"] == 0
-    finally:
-        calls.close()
-        ray.kill(callee)
