@@ -53,11 +53,7 @@ def channels_enabled(config: Any) -> bool:
 
 def listen_host(config: Any) -> str:
     host = config.cluster.channel_host
-    if host == "node":
-        import ray
-
-        return ray.util.get_node_ip_address()
-    return host
+    return _this_machine() if host == "node" else host
 
 
 def _is_loopback(host: str) -> bool:

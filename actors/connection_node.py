@@ -417,10 +417,10 @@ class ConnectionNode:
                 loop.create_task(self._run_append(batch))
         if edge.routes.has_forwards():
             for node, messages in edge.routes.take_forwards(self._forward_busy).items():
-                handle = self._peers.get(node)
-                if handle is not None:
+                calls = self._peer_calls.get(node)
+                if calls is not None:
                     self._forward_busy.add(node)
-                    loop.create_task(self._send_forwards(node, handle, messages))
+                    loop.create_task(self._send_forwards(node, calls, messages))
 
     async def _send_events(self, shard: int, events: list[tuple]) -> None:
         try:
@@ -465,12 +465,9 @@ class ConnectionNode:
             log.info("durable topics updated", node_id=self.node_id, topics=sorted(s.name for s in specs))
         return changed
 
-    async def _send_forwards(self, node: str, handle: Any, messages: list[tuple]) -> None:
+    async def _send_forwards(self, node: str, calls: channels.DirectCalls, messages: list[tuple]) -> None:
         try:
             # packed: Ray's msgpack would turn the MQTT 5 Properties (a NamedTuple) into a plain list
-            calls = self._peer_calls.get(node)
-            if calls is None:
-                raise RuntimeError(f"peer {node} left")
             await calls.call("forward", self.node_id, pack_batch(messages))
         except Exception as exc:
             log.warning("forward to peer failed", peer=node, messages=len(messages), error=str(exc)[:200])
