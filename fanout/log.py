@@ -28,13 +28,18 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure(*, json: bool | None = None, level: str | None = None) -> None:
+def configure(*, json: bool | None = None, level: str | None = None, cache: bool = False) -> None:
     """Configure structlog and stdlib logging once per process.
 
     Args:
         json: JSON lines (production) instead of console rendering. Defaults to the
             ``FANOUT_LOG_JSON`` environment variable, else False when stderr is a TTY.
         level: log level name; defaults to ``FANOUT_LOG_LEVEL`` or ``info``.
+        cache: bind each module's logger once, on its first use. Without it every call on a module logger
+            (a lazy proxy) builds a new bound logger first: 3.4 vs 1.5 µs for an ``info`` the level filters
+            out. A cached logger keeps the configuration of its first use, so only a process that configures
+            once, before it logs, may cache (the actors, :func:`ensure_configured`); tests that capture logs
+            or reconfigure do not.
     """
     global _configured
     if json is None:
@@ -58,14 +63,15 @@ def configure(*, json: bool | None = None, level: str | None = None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
-        # Not cached: structlog.testing.capture_logs() and a later configure() must reach loggers that
-        # were already used; logging is off the per-message path, so the lookup cost does not matter.
-        cache_logger_on_first_use=False,
+        # Not cached by default: structlog.testing.capture_logs() and a later configure() must reach
+        # loggers that were already used.
+        cache_logger_on_first_use=cache,
     )
     _configured = True
 
 
 def ensure_configured() -> None:
-    """Configure with defaults unless an entry point already did."""
+    """Configure with defaults and cached loggers unless an entry point already did (the actors call it
+    first thing in their constructor: a connect logs on the node, filtered or not)."""
     if not _configured:
-        configure()
+        configure(cache=True)

@@ -42,3 +42,29 @@ def test_level_filters_and_bad_level(monkeypatch):
         assert "loud" in str(exc)
     else:
         raise AssertionError("bad level accepted")
+
+
+def test_ensure_configured_caches_loggers_and_they_still_filter_and_follow_stderr(monkeypatch):
+    """The actors' configuration: each module logger is bound once (no re-bind per call), and the cached
+    logger still filters by level and writes to whatever sys.stderr is at write time."""
+    monkeypatch.setattr(log, "_configured", False)
+    monkeypatch.setenv("FANOUT_LOG_JSON", "1")
+    monkeypatch.setenv("FANOUT_LOG_LEVEL", "warning")
+    log.ensure_configured()
+    assert structlog.get_config()["cache_logger_on_first_use"] is True
+    proxy = structlog.get_logger("test.cached")
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    proxy.info("hidden")
+    proxy.warning("one")
+    assert "hidden" not in first.getvalue() and '"event": "one"' in first.getvalue()
+    assert "bind" in vars(proxy), "the proxy did not cache its bound logger"
+    monkeypatch.setattr(sys, "stderr", second)
+    proxy.warning("two")
+    assert '"event": "two"' in second.getvalue() and "two" not in first.getvalue()
+
+
+def test_configure_does_not_cache_by_default():
+    """Tests and the CLI reconfigure and capture logs: their loggers must see a later configure()."""
+    log.configure(json=True, level="warning")
+    assert structlog.get_config()["cache_logger_on_first_use"] is False
