@@ -32,7 +32,6 @@ import gc
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from .ray_args import joined
 from .names import NAMESPACE
 from . import channels
 from .untraced import plain, unwrap_private_methods
+from .writer_thread import WriterThread
 from .channels import dispatcher_service, node_service
 from .primary_link import PrimaryLink
 
@@ -101,7 +101,7 @@ class Dispatcher:
             channels.channel_secret()  # one blocking GCS read, here rather than on the event loop later
         self.repl = PrimaryLink(config, self.store, replication)  # replication of every committed WriteBatch
         self.topics = TopicCatalog(self.store, shard, shards)  # durable topics held here (fanout.topics.log_calls)
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{shard}-writer")
+        self._writer = WriterThread(f"shard-{shard}-writer")
         self._tick_s = config.fanout.tick_ms / 1000.0
         self._nodes: dict[str, Any] = {}
         self._calls: dict[str, int] = {}
@@ -200,9 +200,8 @@ class Dispatcher:
         for calls in self._node_calls.values():
             calls.close()
         self._task.cancel()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, lambda: None)  # drain queued writes
-        self._writer.shutdown(wait=True)
+        await self._writer.run(lambda: None)  # drain queued writes
+        self._writer.shutdown()
         self.store.close()
 
     # -- inputs ---------------------------------------------------------------------------------------------
@@ -451,13 +450,12 @@ class Dispatcher:
         ``applied_seq``, one fsync), so a burst of ingests and delete batches costs one commit latency,
         not one each; the combined batch is still the unit replication ships.
         """
-        loop = asyncio.get_running_loop()
         try:
             while self._queued_writes:
                 group, self._queued_writes = self._queued_writes, []
                 merged = group[0][0] if len(group) == 1 else WriteBatch([op for b, _ in group for op in b.ops])
                 try:
-                    result = await loop.run_in_executor(self._writer, self.repl.apply_local, merged)
+                    result = await self._writer.run(self.repl.apply_local, merged)
                 except Exception as exc:
                     if len(group) == 1:
                         group[0][1].set_exception(exc)
@@ -466,7 +464,7 @@ class Dispatcher:
                                 batches=len(group), error=repr(exc))
                     for batch, done in group:  # only the faulty batch fails
                         try:
-                            r = await loop.run_in_executor(self._writer, self.repl.apply_local, batch)
+                            r = await self._writer.run(self.repl.apply_local, batch)
                             self.core.applied(r.counts)
                             self.repl.settle_after_replication(r, [done])
                         except Exception as one:

@@ -7,6 +7,10 @@ path, with the callee's :class:`actors.channels.ServedChannel`), on one local Ra
 CPU of the caller's and the callee's processes (``/proc/<pid>/task/*/schedstat``, ns resolution) and wall
 time. Both actors are ``num_cpus=0`` async actors like the cluster's; nothing else runs in the Ray instance.
 
+It also times the hop from an actor's event loop to its store-writer thread and back, in this process under
+uvloop (as in Ray's async actors), for an async no-op job: ``loop.run_in_executor`` on a one-thread
+``ThreadPoolExecutor`` against :class:`actors.writer_thread.WriterThread` (``thread_hop`` in the JSON).
+
     python -m benchmarks.call_bench [--quick] [--out-dir DIR]
 
 Results: ``benchmarks/results/call_bench[_quick].json`` and ``.png``.
@@ -108,16 +112,59 @@ def measure(count: int, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, f
         ray.shutdown()
 
 
+HOPS = ("run_in_executor", "writer_thread")
+
+
+def thread_hop(count: int) -> dict[str, dict[str, float]]:
+    """``{hop: {"cpu_us", "wall_us"}}`` per no-op job handed from a uvloop loop to one thread and back."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import uvloop
+
+    from actors.writer_thread import WriterThread
+
+    def noop() -> None:
+        return None
+
+    async def main() -> dict[str, dict[str, float]]:
+        loop = asyncio.get_running_loop()
+        executor, writer = ThreadPoolExecutor(max_workers=1), WriterThread("bench-writer")
+        hops = {"run_in_executor": lambda: loop.run_in_executor(executor, noop), "writer_thread": lambda: writer.run(noop)}
+        out = {}
+        try:
+            for name, hop in hops.items():
+                for _ in range(max(20, count // 10)):
+                    await hop()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for _ in range(count):
+                    await hop()
+                out[name] = {"cpu_us": round((time.process_time() - c0) / count * 1e6, 1),
+                             "wall_us": round((time.perf_counter() - t0) / count * 1e6, 1)}
+                log(NAME, f"thread hop {name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in out[name].items()))
+        finally:
+            executor.shutdown()
+            writer.shutdown()
+        return out
+
+    return uvloop.run(main())
+
+
 def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     plt = pyplot()
     sizes = result["sizes"]
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5))
-    for ax, size in zip(axes if len(sizes) > 1 else [axes], sizes):
+    hops = result.get("thread_hop")
+    fig, axes = plt.subplots(1, len(sizes) + (1 if hops else 0), figsize=(6 * (len(sizes) + 1), 4.5))
+    axes = list(axes) if hasattr(axes, "__len__") else [axes]
+    for ax, size in zip(axes, sizes):
         groups = ["caller CPU", "callee CPU", "wall"]
         series = {s: [result["systems"][s].get(f"{k}_{size}") for k in ("caller_cpu_us", "callee_cpu_us", "wall_us")]
                   for s in SYSTEMS}
         grouped_bars(ax, groups, series, ylabel="µs per call", title=f"One actor call, {size:,} B argument",
                      log=True)
+    if hops:
+        grouped_bars(axes[-1], ["CPU", "wall"], {h: [hops[h]["cpu_us"], hops[h]["wall_us"]] for h in HOPS},
+                     ylabel="µs per job", title="Event loop -> writer thread -> loop (no-op job)")
     return save_figure(fig, name, out_dir)
 
 
@@ -127,6 +174,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     result: dict[str, Any] = {**run_header(NAME, quick, started), "count": count, "sizes": list(SIZES),
                               "load_average_start": load_avg()}
     result["systems"] = measure(count)
+    result["thread_hop"] = thread_hop(count * 5)
     result["load_average_end"] = load_avg()
     result["ratios"] = {f"ray_over_channel_total_cpu_{s}": round(result["systems"]["ray_call"][f"total_cpu_us_{s}"]
                                                                  / result["systems"]["channel"][f"total_cpu_us_{s}"], 1)

@@ -28,3 +28,7 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
                 assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (system, size, figure, v)
     assert set(result["ratios"]) == {f"ray_over_channel_total_cpu_{s}" for s in call_bench.SIZES}
     assert result["command"] == "python -m benchmarks.call_bench --quick"
+    for hop in call_bench.HOPS:
+        for figure in ("cpu_us", "wall_us"):
+            v = result["thread_hop"][hop][figure]
+            assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (hop, figure, v)
