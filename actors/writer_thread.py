@@ -29,7 +29,10 @@ class WriterThread:
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.pending = 0  # jobs submitted and not finished (read on the loop thread only)
+        # Jobs submitted whose answer has not reached the loop yet. A job counts until it has run even when
+        # its caller was cancelled meanwhile, so "pending == 0" (read on the loop thread) means the thread is
+        # idle: StoreReplica then applies a small batch on the loop itself without a second writer.
+        self.pending = 0
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -38,11 +41,8 @@ class WriterThread:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self.pending += 1
-        try:
-            self._jobs.put((loop, done, fn, args))
-            return await done
-        finally:
-            self.pending -= 1
+        self._jobs.put((loop, done, fn, args))
+        return await done
 
     def shutdown(self) -> None:
         """Stop after the jobs already submitted (does not wait for them)."""
@@ -58,24 +58,22 @@ class WriterThread:
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the awaiting coroutine, which raises it
-                _answer(loop, done, _fail, exc)
+                self._answer(loop, done, False, exc)
             else:
-                _answer(loop, done, _succeed, result)
+                self._answer(loop, done, True, result)
 
+    def _answer(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future, ok: bool, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(self._settle, done, ok, value)
+        except RuntimeError:  # the loop is closed (actor exiting): nobody awaits the answer any more
+            pass
 
-def _answer(loop: asyncio.AbstractEventLoop, done: asyncio.Future, how: Callable[[asyncio.Future, Any], None],
-            value: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(how, done, value)
-    except RuntimeError:  # the loop is closed (actor exiting): nobody awaits the answer any more
-        pass
-
-
-def _succeed(done: asyncio.Future, result: Any) -> None:
-    if not done.cancelled():  # the awaiting task was cancelled while the job ran
-        done.set_result(result)
-
-
-def _fail(done: asyncio.Future, exc: BaseException) -> None:
-    if not done.cancelled():
-        done.set_exception(exc)
+    def _settle(self, done: asyncio.Future, ok: bool, value: Any) -> None:
+        """On the loop thread: the job has run."""
+        self.pending -= 1
+        if done.cancelled():  # the awaiting task was cancelled while the job waited or ran
+            return
+        if ok:
+            done.set_result(value)
+        else:
+            done.set_exception(value)

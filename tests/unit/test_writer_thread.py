@@ -46,7 +46,9 @@ def test_an_exception_reaches_the_caller_and_the_thread_goes_on():
     asyncio.run(main())
 
 
-def test_pending_counts_jobs_until_they_finish_and_a_cancelled_waiter_is_harmless():
+def test_pending_counts_a_job_until_it_has_run_even_when_its_caller_was_cancelled():
+    """StoreReplica reads pending == 0 as "the writer thread is idle" before applying on the loop itself: a
+    cancelled caller must not make a job that is still running look finished."""
     async def main():
         w = WriterThread("w")
         gate = threading.Event()
@@ -55,10 +57,11 @@ def test_pending_counts_jobs_until_they_finish_and_a_cancelled_waiter_is_harmles
             await asyncio.sleep(0.01)
             assert w.pending == 1
             slow.cancel()  # the job still runs; its answer must not raise InvalidStateError in the loop
-            await asyncio.sleep(0)
-            assert w.pending == 0
+            await asyncio.sleep(0.01)
+            assert slow.cancelled() and w.pending == 1
             gate.set()
             assert await w.run(lambda: 3) == 3  # after the cancelled job, in order
+            assert w.pending == 0
         finally:
             w.shutdown()
 
