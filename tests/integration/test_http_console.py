@@ -66,6 +66,13 @@ def request_cells(driver) -> list[str]:
     return [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
 
 
+def table_cells(driver, table_id: str) -> list[list[str]]:
+    from selenium.webdriver.common.by import By
+
+    return [[c.text for c in r.find_elements(By.TAG_NAME, "td")]
+            for r in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr")]
+
+
 def progress_value(driver) -> float:
     from selenium.webdriver.common.by import By
 
@@ -103,6 +110,12 @@ def test_console_shows_the_cluster_live_and_follows_a_request(cluster, browser, 
             assert progress_value(browser) == n
         assert text(browser, "total-delivered") == "3" and text(browser, "total-pending") == "1"
         assert browser.execute_script("return window.__notReloaded === true;")
+        # the direct channels: the node served the dispatchers' deliver calls, each shard the node's events
+        # calls, and nothing fell back to Ray (the last two columns of the node row, columns 9-10 of a shard row)
+        node_cells = table_cells(browser, "nodes")[0]
+        assert int(node_cells[9].replace(",", "")) > 0 and node_cells[10] == "0", node_cells
+        for shard_cells in table_cells(browser, "shards"):
+            assert int(shard_cells[8].replace(",", "")) > 0 and shard_cells[9] == "0", shard_cells
 
         assert "Every request known to the cluster" in text(browser, "requests-note")
         assert request_cells(browser)[8] == "active"

@@ -24,6 +24,7 @@ function row(cells) {
   for (const c of cells) {
     if (c instanceof Node) {
       const td = document.createElement("td");
+      if (c.classList && c.classList.contains("num")) td.className = "num";
       td.appendChild(c);
       tr.appendChild(td);
     } else {
@@ -55,11 +56,20 @@ function stateCell(alive) {
   return el("span", alive ? "up" : "down", alive ? "state-ok" : "state-bad");
 }
 
+// The direct channel of a node or shard (docs/architecture.md, "Direct channels"): calls it served, and calls of
+// its own that fell back to Ray (a broken or refused channel; non-zero is worth a look at its log).
+function channelCells(st) {
+  if (!st.alive || st.channel === undefined) return ["-", "-"];
+  if (st.channel === null) return [el("span", "off", "muted"), el("span", "-", "muted")];
+  const fallbacks = st.channel_fallbacks || 0;
+  return [st.channel.requests || 0, fallbacks ? el("span", fmt(fallbacks), "num lag-n") : 0];
+}
+
 function setNodes(nodes) {
   const body = $("nodes").tBodies[0];
   body.replaceChildren(...nodes.map((n) => row([
     n.node_id, n.url || `${n.host}:${n.port}`, stateCell(n.alive), n.connections, n.sessions, n.acks,
-    n.triggers, n.rejected, n.auth_failures,
+    n.triggers, n.rejected, n.auth_failures, ...channelCells(n),
   ])));
 }
 
@@ -87,7 +97,8 @@ function setShards(shards, replication) {
     const primary = rep && rep.primary ? rep.primary.node || "?" : "?";
     return row([
       String(s.shard), primary, stateCell(s.alive && !(rep && rep.failing_over)), rep ? rep.epoch : null,
-      rep ? rep.applied_seq : s.applied_seq, s.pending_rows, s.in_flight, s.delivered, replicasCell(rep),
+      rep ? rep.applied_seq : s.applied_seq, s.pending_rows, s.in_flight, s.delivered, ...channelCells(s),
+      replicasCell(rep),
     ]);
   }));
 }
