@@ -38,21 +38,26 @@ def test_the_last_level_check_never_rejects_a_match():
     assert d.matches("plant/anything") and not d.matches("plant/a/b")
 
 
-def test_targets_after_matches_reuse_the_walk_and_stay_right_when_topics_change():
+def test_matched_names_are_remembered_per_topic_bounded_and_forgotten_when_topics_change():
     from fanout.topics import matcher
 
     d = DurableTopics(2, [RESP, ALL_ECP])
     fresh = DurableTopics(2, [RESP, ALL_ECP])
     topics = [f"ecp/V{i}/response" for i in range(50)]
     assert all(d.matches(t) for t in topics)  # a read buffer's publishes, then their appends
-    assert len(d._walked) == 50
+    assert len(d._matched) == 50
     for t in topics:
         assert sorted(d.targets(t, "c")) == sorted(fresh.targets(t, "c"))
-    assert d._walked == {}
-    assert d.matches("ecp/V1/response")
+    assert len(d._matched) == 50  # remembered for the next publish on the same topic
     d.set_specs([PLANT])  # the topic set changed between the publish and its append: no stale names
-    assert d.targets("ecp/V1/response", "c") == [] and d._walked == {}
+    assert d._matched == {} and d.targets("ecp/V1/response", "c") == [] and not d.matches("ecp/V1/response")
     d.set_specs([RESP])
-    for i in range(matcher.WALKED_MAX + 10):  # publishes whose append never came: bounded
-        d.matches(f"ecp/X{i}/response")
-    assert len(d._walked) <= matcher.WALKED_MAX
+    assert d.matches("ecp/V1/response") and [t[0] for t in d.targets("ecp/V1/response", "c")] == ["responses"]
+    for i in range(matcher.MATCHED_MAX + 10):  # a fleet's worth of topics: bounded
+        assert d.matches(f"ecp/X{i}/response")
+    assert len(d._matched) <= matcher.MATCHED_MAX
+    assert [t[0] for t in d.targets("ecp/X1/response", "c")] == ["responses"]  # forgotten, then walked again
+    # a topic that passes the last-level check but matches nothing is remembered as matching nothing
+    d.set_specs([RESP, TopicSpec.build("fleet", "fleet/+/response")])
+    assert not d.matches("other/V1/response") and d._matched["other/V1/response"] == {}
+    assert d.targets("other/V1/response", "c") == []
