@@ -10,7 +10,8 @@ one, so a vehicle's messages stay in order in one partition).
 The names a topic matched are remembered per topic (:data:`MATCHED_MAX` topics, then forgotten all at once,
 like the broker's ACL cache): a publisher sends on the same few topics again and again, and the walk was
 the largest single item of a durable publish on the node (``trie.match``, ~10 % of the node's in-process
-cost per appended message).
+cost per appended message). So are its targets when no partition of them depends on the client id (each
+matched topic is keyed by a level of the published topic, the VIN of ``ecp/<VIN>/response``).
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ class DurableTopics:
         self._suffixes: tuple[str, ...] | None = None
         # topic -> the names its walk matched (empty: none), for the topics that passed the last-level check
         self._matched: dict[str, dict[str, int]] = {}
+        # topic -> its targets, when every topic it goes to is partitioned by a level of it (not by client id)
+        self._targets: dict[str, list[tuple[str, int, int]]] = {}
         self.specs: dict[str, Any] = {}
         self.set_specs(specs)
 
@@ -55,6 +58,7 @@ class DurableTopics:
             trie.add(spec.filter, spec.name, 1)
         self._trie, self.specs = trie, new
         self._matched.clear()
+        self._targets.clear()
         self._suffixes = _last_levels(spec.filter for spec in new.values())
         return True
 
@@ -82,14 +86,27 @@ class DurableTopics:
         return names
 
     def targets(self, topic: str, client_id: str) -> list[tuple[str, int, int]]:
-        """``(topic name, partition, shard)`` of every durable topic ``topic`` goes to."""
+        """``(topic name, partition, shard)`` of every durable topic ``topic`` goes to (do not modify the list:
+        it may be the remembered one)."""
+        known = self._targets.get(topic)
+        if known is not None:
+            return known
         out = []
         specs = self.specs
         names = self._matched.get(topic)
+        by_topic = True  # every partition comes from a level of the topic, none from the client id
+        levels = topic.count("/") + 1
         for name in (self._walk(topic) if names is None else names):
             spec = specs[name]
+            if spec.key_level is None or spec.key_level >= levels:
+                by_topic = False
             p = self._partition_for(spec, topic, client_id, self.shards)
             out.append((name, p, self._shard_of(p, self.shards)))
+        if by_topic:
+            remembered = self._targets
+            if len(remembered) >= MATCHED_MAX:
+                remembered.clear()
+            remembered[topic] = out
         return out
 
 

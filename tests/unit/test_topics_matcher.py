@@ -61,3 +61,19 @@ def test_matched_names_are_remembered_per_topic_bounded_and_forgotten_when_topic
     d.set_specs([RESP, TopicSpec.build("fleet", "fleet/+/response")])
     assert not d.matches("other/V1/response") and d._matched["other/V1/response"] == {}
     assert d.targets("other/V1/response", "c") == []
+
+
+def test_targets_remembered_only_when_the_topic_keys_every_partition():
+    """A topic keyed by its VIN level gives the same targets whoever publishes; one keyed by the client id
+    (no such level) must be computed per publisher."""
+    by_vin = TopicSpec.build("responses", "ecp/+/response")
+    by_client = TopicSpec.build("plant", "plant/line1", partitions=8)  # no wildcard: keyed by the client id
+    d = DurableTopics(2, [by_vin, by_client])
+    first = d.targets("ecp/VIN7/response", "a")
+    assert d.targets("ecp/VIN7/response", "b") == first and "ecp/VIN7/response" in d._targets
+    parts = {d.targets("plant/line1", f"client-{i}")[0][1] for i in range(40)}
+    assert len(parts) > 1 and "plant/line1" not in d._targets  # spread by client id, never remembered
+    assert all(d.targets("plant/line1", f"client-{i}") == [("plant", partition_for(by_client, "plant/line1",
+               f"client-{i}", 2), partition_for(by_client, "plant/line1", f"client-{i}", 2) % 2)] for i in range(40))
+    d.set_specs([by_client])
+    assert d._targets == {} and d.targets("ecp/VIN7/response", "a") == []
