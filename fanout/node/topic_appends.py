@@ -145,7 +145,11 @@ class TopicAppends:
     def _track(self, held: Held) -> None:
         t = held.ticket
         if t.packet_id is not None:  # QoS 0 has no acknowledgement to order
-            self._order.setdefault((t.client_id, t.generation), deque()).append(held)
+            key = (t.client_id, t.generation)
+            q = self._order.get(key)
+            if q is None:  # not setdefault: that builds a deque per publish to throw away
+                q = self._order[key] = deque()
+            q.append(held)
         return None
 
     def _refuse(self, ticket: IngestTicket) -> dict | None:
