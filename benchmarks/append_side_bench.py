@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import sys
 import time
-from typing import Any
 
+from benchmarks.hotpath_bench import start_measuring, stop_measuring
 from fanout import log as fanout_log
 from fanout.config import load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl
@@ -82,13 +81,7 @@ async def run(messages: int, window: int = 64, profile: bool = False) -> float:
 
     rounds = messages // (PUBLISHERS * window)
     reads = [[read_buffer(k) for k in range(PUBLISHERS)] for _ in range(min(rounds, 50))]
-    gc.collect()
-    gc.set_threshold(50_000, 50, 100)  # the actors' GC thresholds (actors/connection_node.py)
-    prof: Any = None
-    if profile:
-        import cProfile
-        prof = cProfile.Profile()
-        prof.enable()
+    prof = start_measuring(profile)
     acks = 0
     started = time.process_time()
     for r in range(rounds):
@@ -102,10 +95,7 @@ async def run(messages: int, window: int = 64, profile: bool = False) -> float:
             acks += len(data) // 4  # PUBACKs are 4 bytes
         edge.take_events()
     took = time.process_time() - started
-    if prof is not None:
-        prof.disable()
-        import pstats
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    stop_measuring(prof, 30)
     sent = rounds * PUBLISHERS * window
     if acks != sent:
         raise RuntimeError(f"{acks} PUBACKs for {sent} publishes")

@@ -8,12 +8,11 @@ connect of the node side and of the dispatcher cores; no sockets, no Ray.
     python -m benchmarks.connect_side_bench LABEL VEHICLES [CHUNK] [--profile]
 
 ``--profile`` prints cProfile's top functions of the whole run (it inflates the figures several times).
-It uses only what ``hotpath_bench.HotPath`` offers, so it runs on older commits too (copy it there).
+It uses ``hotpath_bench.HotPath`` and its measuring helpers: to run it on an older commit, copy both there.
 """
 from __future__ import annotations
 
 import asyncio
-import gc
 import sys
 import tempfile
 import time
@@ -32,13 +31,7 @@ async def run(vehicles: int, chunk: int, profile: bool = False) -> tuple[float, 
         broker, edge, cores = hp.broker, hp.edge, hp.cores
         packets = {v: (encode(Connect(v, True, 60, None, None, None)), encode(Subscribe(1, ((f"agent/{v}/#", 1),))),
                        encode(Publish(f"ecp/{v}/online", b"1", 0, False, False, None))) for v in hp.vins}
-        gc.collect()
-        gc.set_threshold(50_000, 50, 100)  # the actors' GC thresholds (actors/dispatcher.py)
-        prof = None
-        if profile:
-            import cProfile
-            prof = cProfile.Profile()
-            prof.enable()
+        prof = hb.start_measuring(profile)
         pc = time.process_time
         node = dispatcher = 0.0
         for i in range(0, vehicles, chunk):
@@ -71,10 +64,7 @@ async def run(vehicles: int, chunk: int, profile: bool = False) -> tuple[float, 
                     broker.data_received(c, packets[v][2], hp.now)
                 broker.flush()
             node += pc() - t0
-        if prof is not None:
-            prof.disable()
-            import pstats
-            pstats.Stats(prof).sort_stats("tottime").print_stats(35)
+        hb.stop_measuring(prof)
         connected = broker.state.clients_connected
         hp.close()
     if connected != vehicles:

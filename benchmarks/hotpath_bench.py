@@ -46,6 +46,29 @@ class _Peer:
         self.pids: list[int] = []
 
 
+def start_measuring(profile: bool) -> Any:
+    """Before a measured loop: a full collection, the actors' GC thresholds, and cProfile started when
+    ``profile`` (the profiler, else None; pass it to :func:`stop_measuring`)."""
+    gc.collect()
+    gc.set_threshold(50_000, 50, 100)  # the actors' GC thresholds (actors/dispatcher.py)
+    if not profile:
+        return None
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
+
+
+def stop_measuring(prof: Any, top: int = 35) -> None:
+    """After the measured loop: stop the profiler of :func:`start_measuring` and print its ``top`` functions."""
+    if prof is not None:
+        prof.disable()
+        import pstats
+
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 class HotPath:
     def __init__(self, root: Path, vehicles: int, shards: int, sync: bool) -> None:
         cfg = load_config(None, env={}).replace("mqtt", sys_interval="0s", max_connections=vehicles + 10,
@@ -162,13 +185,7 @@ async def run(vehicles: int, requests: int, chunk: int, shards: int, sync: bool,
         for r in range(requests):
             await hp.trigger(f"req{r:03d}", b"x" * 256)
         hp.node_s = hp.disp_s = 0.0
-        gc.collect()
-        gc.set_threshold(50_000, 50, 100)  # the actors' GC thresholds (actors/dispatcher.py)
-        prof = None
-        if profile:
-            import cProfile
-            prof = cProfile.Profile()
-            prof.enable()
+        prof = start_measuring(bool(profile))
         t = time.perf_counter()
         hp._ship()
         delivered = 0
@@ -178,10 +195,7 @@ async def run(vehicles: int, requests: int, chunk: int, shards: int, sync: bool,
                 break
             delivered += n
         wall = time.perf_counter() - t
-        if prof is not None:
-            prof.disable()
-            import pstats
-            pstats.Stats(prof).sort_stats("tottime").print_stats(35)
+        stop_measuring(prof)
         pending = sum(s.pending_count() for s in hp.stores)
         hp.close()
     return {"vehicles": vehicles, "requests": requests, "chunk": chunk, "shards": shards, "sync": sync,
