@@ -79,10 +79,7 @@ class DurableTopics:
 
     def _walk(self, topic: str) -> dict[str, int]:
         names = self._trie.match(topic)
-        matched = self._matched
-        if len(matched) >= MATCHED_MAX:  # many topics (a fleet's response topics): bounded, refilled as used
-            matched.clear()
-        matched[topic] = names
+        _remember(self._matched, topic, names)
         return names
 
     def targets(self, topic: str, client_id: str) -> list[tuple[str, int, int]]:
@@ -103,11 +100,16 @@ class DurableTopics:
             p = self._partition_for(spec, topic, client_id, self.shards)
             out.append((name, p, self._shard_of(p, self.shards)))
         if by_topic:
-            remembered = self._targets
-            if len(remembered) >= MATCHED_MAX:
-                remembered.clear()
-            remembered[topic] = out
+            _remember(self._targets, topic, out)
         return out
+
+
+def _remember(memo: dict[str, Any], topic: str, value: Any) -> None:
+    """``memo[topic] = value``, bounded: at :data:`MATCHED_MAX` topics (a fleet's response topics) the memo is
+    forgotten and refills with the topics in use."""
+    if len(memo) >= MATCHED_MAX:
+        memo.clear()
+    memo[topic] = value
 
 
 def _last_levels(filters: Any) -> tuple[str, ...] | None:
