@@ -19,12 +19,12 @@ import dataclasses
 import sys
 import time
 
-from benchmarks.hotpath_bench import start_measuring, stop_measuring
+from benchmarks.hotpath_bench import _Peer, start_measuring, stop_measuring
 from fanout import log as fanout_log
 from fanout.config import load_config, mqtt_settings
 from fanout.mqtt.auth import AccessControl
 from fanout.mqtt.broker import Broker
-from fanout.mqtt.codec import PacketReader, encode
+from fanout.mqtt.codec import encode
 from fanout.mqtt.packets import Connect, Publish
 from fanout.node.core import NodeCore
 from fanout.records import pack_batch
@@ -45,13 +45,6 @@ class _AppendLink:
         return len(items)
 
 
-class _Peer:
-    __slots__ = ("reader",)
-
-    def __init__(self) -> None:
-        self.reader = PacketReader()
-
-
 async def run(messages: int, window: int = 64, profile: bool = False) -> float:
     """CPU µs per appended message (every one acknowledged, else RuntimeError)."""
     cfg = load_config(None, env={}).replace("mqtt", sys_interval="0s")
@@ -63,7 +56,7 @@ async def run(messages: int, window: int = 64, profile: bool = False) -> float:
     publishers = []
     for i in range(PUBLISHERS):
         conn = broker.connection_made(1, ("127.0.0.1", 40000 + i))
-        conn.transport = _Peer()
+        conn.transport = _Peer()  # hotpath_bench's fake vehicle transport
         broker.data_received(conn, encode(Connect(f"pub{i}", True, 60, None, None, None)), 1)
         publishers.append(conn)
     broker.flush()
