@@ -111,16 +111,25 @@ def _delivery_figures(summary: dict[str, Any], fleet: FleetRun, sents: list[Sent
 
 async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix: str, cap_s: float,
                        payload_size: int = 256, sequential: bool = False, heartbeat_interval: float = 0.0,
-                       hb_window_s: float = 0.0, idle_cpu_per_s: float | None = None, connect_cap_s: float = 300.0,
-                       fleet_processes: int = 2, label: str = "fanout",
+                       hb_window_s: float = 0.0, idle_cpu_per_s: float | None = None, idle_s: float = 0.0,
+                       connect_cap_s: float = 300.0, fleet_processes: int = 2, label: str = "fanout",
                        on_send: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
     """R requests to N connected vehicles; see the module docstring.
 
     ``on_send`` is awaited once the vehicles are ready, just before the measured sending starts (profilers).
 
     With ``heartbeat_interval`` > 0 and ``hb_window_s`` > 0, the heartbeat cost is measured first over
-    ``hb_window_s`` seconds without deliveries (server CPU minus ``idle_cpu_per_s``, per heartbeat).
+    ``hb_window_s`` seconds without deliveries (server CPU minus ``idle_cpu_per_s``, per heartbeat). With
+    ``idle_s`` > 0 that idle rate is measured here instead, over ``idle_s`` just before the fleet starts:
+    the cluster's background (Ray, ``$SYS``, ticks) drifts by a few hundredths of a core between phases,
+    which is as much as a small heartbeat load costs, so a rate measured at the start of the run can exceed
+    the window's whole CPU. A window whose CPU is not above the idle share gives no figure (and says so),
+    never a negative one.
     """
+    measure_hb = heartbeat_interval > 0 and hb_window_s > 0
+    idle_here = await idle_cpu_rate(target, idle_s) if measure_hb and idle_s > 0 else None
+    if idle_here is not None:
+        idle_cpu_per_s = idle_here
     vins = vins_for(vin_prefix, vehicles)
     rids = [f"{label}-{i:05d}" for i in range(1, requests + 1)]
     opts = fleet_options(target.host, target.port, vins, processes=_fleet_processes(vehicles, fleet_processes),
@@ -128,23 +137,30 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
     fleet = FleetRun(opts, label).start()
     out: dict[str, Any] = {"vehicles": vehicles, "requests": requests, "payload_bytes": payload_size,
                            "sequential": sequential}
+    if idle_here is not None:
+        out["idle_cpu_per_s"] = _r(idle_here, 4)
     try:
         t0 = time.monotonic()
         out.update(await _subscribed(fleet, connect_cap_s))
         out["subscribe_all_s"] = _r(time.monotonic() - t0)
         await fleet.sleep_observed(1.0)  # let the last subscriptions reach the dispatchers
-        if heartbeat_interval > 0 and hb_window_s > 0:
+        if measure_hb:
             await fleet.sleep_observed(min(heartbeat_interval, 30.0))  # heartbeats spread over the interval
             c0, r0 = _cpu(target)
             h0, t0 = fleet.value("heartbeats"), time.monotonic()
             await fleet.sleep_observed(hb_window_s)
             c1, r1 = _cpu(target)
             h1, dt = fleet.value("heartbeats"), time.monotonic() - t0
-            busy = c1 - c0 - (idle_cpu_per_s or 0.0) * dt
+            idle_share = (idle_cpu_per_s or 0.0) * dt
+            busy = c1 - c0 - idle_share
             out.update({"heartbeats_per_s": _r((h1 - h0) / dt, 1), "heartbeat_window_s": _r(dt),
                         "server_cpu_heartbeat_window_s": _r(c1 - c0),
-                        "server_cpu_us_per_heartbeat": _r(busy / (h1 - h0) * 1e6 if h1 > h0 else None, 2),
+                        "server_cpu_us_per_heartbeat": _r(busy / (h1 - h0) * 1e6 if h1 > h0 and busy > 0 else None, 2),
                         "server_cpu_share_heartbeats": _r((c1 - c0) / dt, 3)})
+            if busy <= 0:
+                out["heartbeat_cpu_error"] = (f"the window's server CPU ({c1 - c0:.3f} s) is not above the idle "
+                                              f"share ({idle_share:.3f} s): {h1 - h0} heartbeats are too few to "
+                                              "measure against this server's background")
             if r0 is not None and r1 is not None:
                 out["cpu_by_role_heartbeat_window_s"] = cpu_delta(r0, r1)
         expected = vehicles * requests

@@ -86,7 +86,9 @@ def test_fleet_bench_every_figure_for_every_system(results: tuple[dict[str, dict
     assert not errors, errors
     figures = data["systems"][system]
     missing = [k for k in fleet_bench.FIGURES if not _number(figures.get(k))]
-    assert not missing, f"{system}: missing or non-positive figures {missing}"
+    hb = data["scenarios"]["heartbeat_storm"].get(system) or {}
+    assert not missing, f"{system}: missing or non-positive figures {missing} ({hb.get('heartbeat_cpu_error')})"
+    assert "idle_cpu_per_s" in hb, "the heartbeat phase measures the idle rate it subtracts just before it"
     for scenario in ("fanout", "connection_storm", "heartbeat_storm"):
         assert data["scenarios"][scenario][system], f"{system}: scenario {scenario} missing"
     assert data["scenarios"]["fanout"][system]["complete"]
