@@ -197,9 +197,13 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
         fleet.stop_quietly()
         raise
     out.update(_delivery_figures(summary, fleet, sents, expected, status))
-    busy = c1 - c0 - (idle_cpu_per_s or 0.0) * dt
+    idle_share = (idle_cpu_per_s or 0.0) * dt
+    busy = c1 - c0 - idle_share
     out.update({"server_cpu_s": _r(c1 - c0), "server_cpu_us_per_delivery": _r(busy / out["deliveries"] * 1e6, 2)
-                if out["deliveries"] else None, "phase_seconds": _r(dt)})
+                if out["deliveries"] and busy > 0 else None, "phase_seconds": _r(dt)})
+    if busy <= 0:
+        out["delivery_cpu_error"] = (f"the phase's server CPU ({c1 - c0:.3f} s) is not above the idle share "
+                                     f"({idle_share:.3f} s): too few deliveries to measure")
     if heartbeat_interval > 0:
         out["heartbeats_per_s_during_deliveries"] = _r(hb / dt, 1) if dt > 0 else None
     if r0 is not None and r1 is not None:
