@@ -193,7 +193,9 @@ class BrokerHooks:
             routed like any other topic (the ACL still decides who may publish there).
         ingest_prefix: topic prefix of ingest publishes.
         heartbeat_prefix: topic prefix whose publishes also produce a :class:`Heartbeat` event.
-        forward_publishes: emit a :class:`LocalPublish` per accepted publish (cluster forwarding).
+        forward_publishes: emit a :class:`LocalPublish` per accepted publish (cluster forwarding). The
+            embedding may switch it at run time through ``BrokerState.forward`` (a cluster node does so with
+            its peers: alone, it has nobody to forward to).
         append_durable: ask :meth:`durable_topic` about every accepted publish outside the ingest prefix; a
             durable one is routed as usual but acknowledged only later, through an :class:`IngestTicket` with
             ``routed=True`` (``complete_publish`` / ``reject_publish``), once the embedding appended it.

@@ -144,10 +144,18 @@ class NodeCore(BrokerHooks):
         nodes as the client made them (:mod:`fanout.mqtt.connack_hold` says why that needs the hold).
         """
         self.broker = broker
+        # A LocalPublish per publish only while some peer may want it: on a single node it was an event
+        # object and a PeerRoutes.forward call per heartbeat for nothing (issue 16)
+        self.routes.on_peers = self._peers_changed
+        self._peers_changed(bool(self.routes.peers))
         if self._hold_connacks:
             broker.hold_connacks(_reports_to_dispatchers)
         if broker.state.shared is not None:  # MQTT 5 shared groups: one member per message cluster-wide
             self.routes.join_shared(broker.state.shared, lambda: broker.state.now, self._wake)
+
+    def _peers_changed(self, any_peer: bool) -> None:
+        if self.broker is not None:
+            self.broker.state.forward = any_peer
 
     def claims_shared(self, group: str, inner: str) -> bool:
         """A durable topic's ``$share`` subscription is a consumer group (:mod:`fanout.node.topic_groups`)."""

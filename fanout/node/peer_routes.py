@@ -100,6 +100,9 @@ class PeerRoutes:
         self._announced_groups: dict[str, int] | None = None  # None: every peer needs the whole table
         # called with (peer, {shared filter: member count}) on a peer's group table ({} when it is gone)
         self.on_groups: Callable[[str, dict[str, int]], None] | None = None
+        # called with whether any peer is left whenever the peers change (NodeCore: the broker then makes a
+        # LocalPublish per publish only while there is a node to forward to)
+        self.on_peers: Callable[[bool], None] | None = None
         self._shared: Any = None  # the broker's SharedSubscriptions, once join_shared was called
         self._dirty = True
         self._reset_pending = True
@@ -126,6 +129,8 @@ class PeerRoutes:
             self._announced_groups = None
             self._dirty = True
         self._peers = new
+        if self.on_peers is not None:
+            self.on_peers(bool(new))
 
     def remove_node(self, node: str) -> None:
         """Forget a peer (it died or left): its filters and queued forwards."""
@@ -137,6 +142,8 @@ class PeerRoutes:
             self._trie.remove_all(node)
         if self.on_groups is not None:
             self.on_groups(node, {})
+        if self.on_peers is not None:
+            self.on_peers(bool(self._peers))
 
     def update(self, node: str, added: Iterable[str], removed: Iterable[str], reset: bool = False,
                groups: dict[str, int] | None = None) -> None:

@@ -231,6 +231,37 @@ async def test_ingest_items_and_blob_items_from_the_rounds_are_what_the_dispatch
     assert core.store.pending_count() == 2  # nothing queued twice
 
 
+def test_a_node_makes_forward_events_only_while_it_has_peers(pair):
+    """Alone, a node has nobody to forward to: no LocalPublish per publish (one per heartbeat was an event
+    object and a PeerRoutes.forward call for nothing); with a peer it forwards; when the last one leaves
+    it stops again."""
+    from fanout.mqtt.hooks import Heartbeat, LocalPublish
+
+    node, core, broker = pair
+    kinds: list[type] = []
+    on_events = node.on_events
+    node.on_events = lambda events: (kinds.extend(type(e) for e in events), on_events(events))  # type: ignore[method-assign]
+    car = Peer(broker, "V1")
+    beat = Publish("ecp/V1/heartbeat", b"1", 0, False, False, None)
+
+    def beat_kinds() -> list[type]:
+        kinds.clear()
+        car.send(beat)
+        return [k for k in kinds if k in (Heartbeat, LocalPublish)]
+
+    assert beat_kinds() == [Heartbeat]
+    node.routes.set_peers(["n0", "n1"])
+    node.routes.update("n1", ["ecp/#"], [], reset=True)
+    assert beat_kinds() == [Heartbeat, LocalPublish]
+    assert [Forward(*f).topic for f in node.routes.take_forwards()["n1"]] == ["ecp/V1/heartbeat"]
+    node.routes.remove_node("n1")
+    assert beat_kinds() == [Heartbeat]
+    node.routes.set_peers(["n0", "n2"])
+    assert beat_kinds() == [Heartbeat, LocalPublish]
+    node.routes.set_peers(["n0"])
+    assert beat_kinds() == [Heartbeat] and node.routes.take_forwards() == {}
+
+
 def test_forwards_from_the_route_table_are_what_the_peer_node_core_delivers(pair):
     node, core, broker = pair
     node.routes.set_peers(["n0", "n1"])
