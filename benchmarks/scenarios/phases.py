@@ -63,6 +63,19 @@ async def idle_cpu_rate(target: Any, seconds: float) -> float:
     return (c1 - c0) / (time.monotonic() - t0)
 
 
+def _busy_us_per(cpu_s: float, idle_cpu_per_s: float | None, seconds: float, count: int,
+                 what: str) -> tuple[float | None, str | None]:
+    """Server CPU µs per event over a window, the idle share (``idle_cpu_per_s`` x ``seconds``) subtracted:
+    ``(figure, None)``, or ``(None, why)`` when the window's CPU is not above the idle share (too few events to
+    measure against the server's background: never a negative figure)."""
+    idle_share = (idle_cpu_per_s or 0.0) * seconds
+    busy = cpu_s - idle_share
+    if busy <= 0:
+        return None, (f"the server's CPU ({cpu_s:.3f} s) is not above the idle share ({idle_share:.3f} s): "
+                      f"{count} {what} are too few to measure against this server's background")
+    return (_r(busy / count * 1e6, 2) if count > 0 else None), None
+
+
 async def _subscribed(fleet: FleetRun, cap_s: float) -> dict[str, Any]:
     status = await fleet.until("subscribed", fleet.vehicles, max_s=cap_s, stall_s=60.0)
     if status != "done":
@@ -151,16 +164,12 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
             await fleet.sleep_observed(hb_window_s)
             c1, r1 = _cpu(target)
             h1, dt = fleet.value("heartbeats"), time.monotonic() - t0
-            idle_share = (idle_cpu_per_s or 0.0) * dt
-            busy = c1 - c0 - idle_share
+            per_hb, error = _busy_us_per(c1 - c0, idle_cpu_per_s, dt, h1 - h0, "heartbeats")
             out.update({"heartbeats_per_s": _r((h1 - h0) / dt, 1), "heartbeat_window_s": _r(dt),
-                        "server_cpu_heartbeat_window_s": _r(c1 - c0),
-                        "server_cpu_us_per_heartbeat": _r(busy / (h1 - h0) * 1e6 if h1 > h0 and busy > 0 else None, 2),
+                        "server_cpu_heartbeat_window_s": _r(c1 - c0), "server_cpu_us_per_heartbeat": per_hb,
                         "server_cpu_share_heartbeats": _r((c1 - c0) / dt, 3)})
-            if busy <= 0:
-                out["heartbeat_cpu_error"] = (f"the window's server CPU ({c1 - c0:.3f} s) is not above the idle "
-                                              f"share ({idle_share:.3f} s): {h1 - h0} heartbeats are too few to "
-                                              "measure against this server's background")
+            if error is not None:
+                out["heartbeat_cpu_error"] = error
             if r0 is not None and r1 is not None:
                 out["cpu_by_role_heartbeat_window_s"] = cpu_delta(r0, r1)
         expected = vehicles * requests
@@ -197,13 +206,10 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
         fleet.stop_quietly()
         raise
     out.update(_delivery_figures(summary, fleet, sents, expected, status))
-    idle_share = (idle_cpu_per_s or 0.0) * dt
-    busy = c1 - c0 - idle_share
-    out.update({"server_cpu_s": _r(c1 - c0), "server_cpu_us_per_delivery": _r(busy / out["deliveries"] * 1e6, 2)
-                if out["deliveries"] and busy > 0 else None, "phase_seconds": _r(dt)})
-    if busy <= 0:
-        out["delivery_cpu_error"] = (f"the phase's server CPU ({c1 - c0:.3f} s) is not above the idle share "
-                                     f"({idle_share:.3f} s): too few deliveries to measure")
+    per_delivery, error = _busy_us_per(c1 - c0, idle_cpu_per_s, dt, out["deliveries"], "deliveries")
+    out.update({"server_cpu_s": _r(c1 - c0), "server_cpu_us_per_delivery": per_delivery, "phase_seconds": _r(dt)})
+    if error is not None:
+        out["delivery_cpu_error"] = error
     if heartbeat_interval > 0:
         out["heartbeats_per_s_during_deliveries"] = _r(hb / dt, 1) if dt > 0 else None
     if r0 is not None and r1 is not None:

@@ -154,8 +154,7 @@ class NodeCore(BrokerHooks):
             self.routes.join_shared(broker.state.shared, lambda: broker.state.now, self._wake)
 
     def _peers_changed(self, any_peer: bool) -> None:
-        if self.broker is not None:
-            self.broker.state.forward = any_peer
+        self.broker.state.forward = any_peer  # set as routes.on_peers by attach(), once the broker is known
 
     def claims_shared(self, group: str, inner: str) -> bool:
         """A durable topic's ``$share`` subscription is a consumer group (:mod:`fanout.node.topic_groups`)."""
