@@ -4,8 +4,9 @@ Strategy: the counters themselves live in the store (:mod:`storage.request_stats
 the dispatcher adds is what only it knows, and the two places where it must hold a row back:
 
 - **expiry** (a trigger's ``ttl``): ``expires`` maps request id -> expiry time (ms) for the requests with a
-  ttl and rows pending. It is filled by ingest (the same batch writes ``set_expiry``) and, at start (a
-  restart, a promoted replica), from the ``requests`` table. The core checks it when it picks a row to send
+  ttl and rows pending. It is filled by ingest (the same batch writes ``set_expiry``; a trigger without a ttl
+  takes the one its request already has in the store) and, at start (a restart, a promoted replica), from the
+  ``requests`` table. The core checks it when it picks a row to send
   (:meth:`expired`): a row picked after its request's expiry is dropped as expired instead of sent. The GC
   cycle's sweep (:meth:`sweep_batch`) settles the pending rows of lapsed requests for good.
 - **cancel**: :meth:`begin_cancel` marks the request before its ``settle_pending`` batch is written, so
@@ -65,9 +66,17 @@ class RequestLifecycle:
     def ingested(self, items: Iterable[tuple]) -> None:
         """Note the expiry and User Properties of :class:`fanout.records.IngestItem` items that have them
         (written with their rows)."""
+        expires = self.expires
         for request_id, _data_id, _joined, ts_ms, ttl_ms, user_properties in items:
             if ttl_ms:
-                self.expires[request_id] = ts_ms + ttl_ms
+                expires[request_id] = ts_ms + ttl_ms
+            elif request_id not in expires:
+                # A trigger without a ttl keeps the expiry its request already has (the store keeps it, and a
+                # restarted dispatcher loads it for every request with rows pending): the rows it adds to a
+                # request swept or expired earlier are not sent after that time either, restart or not.
+                known = self.store.request_counters(request_id)
+                if known is not None and known["expires_ms"] is not None:
+                    expires[request_id] = known["expires_ms"]
             if user_properties:
                 self.user_properties[request_id] = tuple(user_properties)
                 self._fresh.add(request_id)

@@ -71,6 +71,24 @@ def test_a_row_picked_after_its_ttl_is_expired_not_sent(core):
     assert core.store.next_rows("B") == []
 
 
+def test_a_trigger_without_ttl_keeps_its_requests_expiry_after_the_sweep_as_after_a_restart(core):
+    # Found by test_lifecycle_properties: "r" expires at 1,050 and is swept; a trigger without a ttl then names
+    # it again. The store keeps the request's expires_ms, and a restarted core would load it (rows pending), so
+    # the live core must not send the new row at or after 1,050 either.
+    ingest(core, "r", ["B"], 1_000, ttl_ms=50)
+    online(core, ["A"])
+    taken = core.lifecycle.sweep_batch(1_050)
+    assert taken is not None
+    core.store.apply(taken[0])
+    core.lifecycle.swept(taken[1])
+    ingest(core, "r", ["A"], 1_050)
+    restarted = DispatcherCore(core.store, 0, 1, started_ms=0)  # what a restart would know of the request
+    assert core.lifecycle.expires["r"] == restarted.lifecycle.expires["r"] == 1_050
+    assert sent(core, 1_050) == []
+    status = core.request_status("r")
+    assert (status["vins"], status["pending"], status["expired"]) == (2, 0, 2)
+
+
 def test_a_row_within_its_ttl_is_sent_and_the_sweep_expires_the_rest(core):
     ingest(core, "r", ["A", "B"], 1_000, ttl_ms=500)
     online(core, ["A"])
