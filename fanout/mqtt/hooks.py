@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Hashable
 
+from .packets import unchecked
+
 
 class DeliverStatus(IntEnum):
     """Result of :meth:`Broker.deliver`."""
@@ -183,6 +185,17 @@ class LocalPublish:
 
 Event = Any  # one of the dataclasses above
 
+# Constructors of the events the broker makes per message (a delivery's PUBACK, a heartbeat, a durable append, a
+# forwarded publish) and per connection (connect, subscribe, disconnect), every field positional. A frozen dataclass's ``__init__`` sets each field through
+# ``object.__setattr__``: ~0.55 against ~0.3 us for a Delivered (the broker's own values need no checks).
+new_delivered = unchecked(Delivered)
+new_heartbeat = unchecked(Heartbeat)
+new_ingest_ticket = unchecked(IngestTicket)
+new_local_publish = unchecked(LocalPublish)
+new_client_connected = unchecked(ClientConnected)
+new_client_disconnected = unchecked(ClientDisconnected)
+new_subscribed = unchecked(Subscribed)
+
 
 class BrokerHooks:
     """No-op hooks; subclass and override what the embedding layer needs.
@@ -256,4 +269,6 @@ class RecordingHooks(BrokerHooks):
 __all__ = [
     "BrokerHooks", "RecordingHooks", "DeliverStatus", "ClientConnected", "ClientDisconnected", "Subscribed",
     "Unsubscribed", "Heartbeat", "Delivered", "DeliveryDropped", "IngestTicket", "LocalPublish", "Event",
+    "new_delivered", "new_heartbeat", "new_ingest_ticket", "new_local_publish", "new_client_connected",
+    "new_client_disconnected", "new_subscribed",
 ]

@@ -22,7 +22,7 @@ from .codec import encode_puback, encode_pubcomp, encode_pubrec
 from .link5 import negative_ack5
 from .connection import CONNECTED, Connection
 from .delivery import Delivery
-from .hooks import Heartbeat, IngestTicket, LocalPublish
+from .hooks import new_heartbeat, new_ingest_ticket, new_local_publish
 from .lifecycle import Lifecycle
 from .packets import Publish, Pubrel
 from .state import BrokerState
@@ -76,9 +76,9 @@ class Inbound:
                 self.ingest(conn, p)
                 return
             if st.heartbeat_prefix is not None and topic.startswith(st.heartbeat_prefix):
-                self._emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
+                self._emit(new_heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if st.forward:
-                self._emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain))
+                self._emit(new_local_publish(conn.client_id, topic, p.payload, qos, p.retain, None))
             durable = st.durable
             if durable is not None and durable(topic):  # routed now, acknowledged once appended
                 if self.ingest(conn, p, routed=True):
@@ -160,7 +160,7 @@ class Inbound:
                 return False
             pending[pid] = p.qos
         props = getattr(p, "properties", None)  # MQTT 5 (Publish5); a 3.1.1 Publish has none
-        self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
+        self._emit(new_ingest_ticket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
                                 props, routed))
         return True
 

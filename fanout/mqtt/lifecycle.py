@@ -40,7 +40,7 @@ from .connection import CONNECTED, CONNECTING, Connection
 from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
 from .expiry import SessionExpiry
-from .hooks import ClientConnected, ClientDisconnected
+from .hooks import new_client_connected, new_client_disconnected
 from .link5 import CONNACK_CODE_5, NEVER_EXPIRES, Link5, connack_properties, keepalive_s, refusal5, session_expiry_s
 from .login_guard import peer_host
 from .message5 import message_props
@@ -264,8 +264,8 @@ class Lifecycle:
             if st.events is not None:
                 resent, queued = s.tags()
             self._delivery.resume(s)
-        st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
-                                principal.vehicle))
+        st.emit(new_client_connected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
+                                     principal.vehicle))
         log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
                  role=principal.role, clean_session=clean_start, session_present=present,
                  keepalive=keepalive, generation=conn.generation, protocol=5 if link is not None else 4)
@@ -386,7 +386,7 @@ class Lifecycle:
                 self.wills.add(s.client_id, st.now + delay * 1000, w)  # 3.1.3.2.2: published later, or never
             else:
                 self.publish_will(s.client_id, w)  # MQTT-3.1.2-8
-        st.emit(ClientDisconnected(s.client_id, conn.generation, reason, published, kept, tags))
+        st.emit(new_client_disconnected(s.client_id, conn.generation, reason, published, kept, tags))
         log.info("mqtt client disconnected", client_id=s.client_id, peer=conn.peer, reason=reason,
                  will_published=published, session_kept=kept, generation=conn.generation)
 
