@@ -54,7 +54,7 @@ from .harness.peers import INFLIGHT_WINDOW, PeerBroker
 from .harness.plots import grouped_bars, machine_title, pyplot, save_figure, system_series
 from .harness.processes import FD_MARGIN, raise_nofile_limit, storm_size
 from .harness.profiles import start_profiles
-from .harness.report import at_least, at_most, attempt, get, median_run, ratio
+from .harness.report import at_least, at_most, attempt, busy_us_per, get, median_run, ratio
 from .harness.results import bench_parser, load_avg, log, result_name, run_header, save_result
 from .scenarios.senders import NAIVE_WINDOW, PlatformSender
 
@@ -290,19 +290,21 @@ async def _deliveries(target: Any, fleet: FleetProcess, s: Sizes, vehicles: int,
            "server_cpu_s": _r(c1 - c0, 3), **{k: v for k, v in sent.items() if k != "sent"}}
     if r0 is not None and r1 is not None:
         out["cpu_by_role_s"] = cpu_delta(r0, r1)
-    out["_busy_s"] = (c1 - c0) - idle_per_s * dt
+    out["_busy"] = (c1 - c0, idle_per_s, dt)  # the window's CPU, idle rate, seconds: see _delivery_summary
     return out
 
 
 def _delivery_summary(out: dict[str, Any], res: dict[str, Any]) -> None:
     unique = res["unique"]
-    busy = out.pop("_busy_s")
+    per_delivery, error = busy_us_per(*out.pop("_busy"), unique, "deliveries")
+    if error is not None:
+        out["delivery_cpu_error"] = error
     first, last = out.pop("first_send_us"), res["last_delivery_unix_us"]
     out.update({
         "deliveries": unique, "complete": unique >= out["expected_deliveries"],
         "deliveries_per_s": _r(unique / ((last - first) / 1e6), 1) if unique and last > first else None,
         "fleet_deliveries_per_s": res["deliveries_per_s"],
-        "server_cpu_us_per_delivery": _per(busy, unique), "server_cpu_us_per_delivery_raw": _per(out["server_cpu_s"], unique),
+        "server_cpu_us_per_delivery": per_delivery, "server_cpu_us_per_delivery_raw": _per(out["server_cpu_s"], unique),
         "platform_cpu_us_per_delivery": _per(out["platform_cpu_s"], unique),
         "latency_p50_ms": res["delivery_latency_ms"]["p50"], "latency_p99_ms": res["delivery_latency_ms"]["p99"],
         "latency_max_ms": res["delivery_latency_ms"]["max"],
@@ -346,10 +348,12 @@ async def heartbeat_phase(target: Any, s: Sizes, *, label: str, idle_per_s: floa
         if prof is not None:  # heartbeats inside the profile window (shorter than the measuring window)
             _finish_profile(prof, int((b["heartbeats"] - a["heartbeats"]) * min(1.0, prof[1] / (b.at - a.at))))
         dt, hb = b.at - a.at, int(b["heartbeats"] - a["heartbeats"])
+        per_hb, error = busy_us_per(c1 - c0, idle_per_s, dt, hb, "heartbeats")
         out.update({"heartbeats_per_s": _r(hb / dt, 1), "heartbeat_window_s": _r(dt, 3),
-                    "server_cpu_heartbeat_window_s": _r(c1 - c0, 3),
-                    "server_cpu_us_per_heartbeat": _per((c1 - c0) - idle_per_s * dt, hb),
+                    "server_cpu_heartbeat_window_s": _r(c1 - c0, 3), "server_cpu_us_per_heartbeat": per_hb,
                     "server_cpu_share_heartbeats": _r((c1 - c0) / dt, 3)})
+        if error is not None:
+            out["heartbeat_cpu_error"] = error
         if r0 is not None and r1 is not None:
             out["cpu_by_role_heartbeat_window_s"] = cpu_delta(r0, r1)
         out.update(await _deliveries(target, fleet, s, s.hb_vehicles, HB_START, s.hb_requests, label, idle_per_s))
@@ -378,14 +382,17 @@ async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, 
         fleet.stop()
         res = await asyncio.to_thread(fleet.result, 60.0)
     connects = res["connects"]
+    per_connect, error = busy_us_per(c1 - c0, idle_per_s, t1 - t0, connects, "connects")
+    at_ready, _ = busy_us_per(c_ready - c0, idle_per_s, t_ready - t0, connects, "connects")
+    if error is not None:
+        out["connect_cpu_error"] = error
     out.update({
         "connects": connects, "connect_errors": res["connect_errors"], "connects_per_s": res["connects_per_s"],
         "subscribes_per_s": res["subscribes_per_s"], "connect_latency_p50_ms": res["connect_latency_ms"]["p50"],
         "connect_latency_p99_ms": res["connect_latency_ms"]["p99"],
         "subscribe_latency_p99_ms": res["subscribe_latency_ms"]["p99"],
         "server_cpu_s": _r(c1 - c0, 3), "settle_s": s.storm_settle_s,
-        "server_cpu_us_per_connect": _per((c1 - c0) - idle_per_s * (t1 - t0), connects),
-        "server_cpu_us_per_connect_at_ready": _per((c_ready - c0) - idle_per_s * (t_ready - t0), connects),
+        "server_cpu_us_per_connect": per_connect, "server_cpu_us_per_connect_at_ready": at_ready,
         "load_after": load_avg(), **_fleet_figures(res),
     })
     if r0 is not None and r1 is not None:

@@ -75,6 +75,19 @@ def median_run(runs: list[dict[str, Any] | None], key: str) -> dict[str, Any] | 
     return {**done[(len(done) - 1) // 2], f"{key}_runs": [r.get(key) if r else None for r in runs]}
 
 
+def busy_us_per(cpu_s: float, idle_cpu_per_s: float | None, seconds: float, count: int,
+                what: str) -> tuple[float | None, str | None]:
+    """Server CPU µs per event over a window, the idle share (``idle_cpu_per_s`` x ``seconds``) subtracted:
+    ``(figure, None)``, or ``(None, why)`` when the window's CPU is not above the idle share (too few events to
+    measure against the server's background: never a negative figure)."""
+    idle_share = (idle_cpu_per_s or 0.0) * seconds
+    busy = cpu_s - idle_share
+    if busy <= 0:
+        return None, (f"the server's CPU ({cpu_s:.3f} s) is not above the idle share ({idle_share:.3f} s): "
+                      f"{count} {what} are too few to measure against this server's background")
+    return (round(busy / count * 1e6, 2) if count > 0 else None), None
+
+
 def ratio(a: Any, b: Any, digits: int | None = 3) -> float | None:
     """a / b rounded to ``digits`` decimals (None: not rounded), or None when either is missing or b is 0."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and b:

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 
 from ..harness.cluster import EmbeddedCluster, cpu_delta
 from ..harness.processes import processes_for
+from ..harness.report import busy_us_per
 from .fleet import FleetRun, delivery_window, fleet_options, nearest_rank, request_times, steady_rate, vins_for
 from .senders import NaivePublisher, PlatformSender, Sent, raw_trigger
 
@@ -61,19 +62,6 @@ async def idle_cpu_rate(target: Any, seconds: float) -> float:
     await asyncio.sleep(seconds)
     c1, _ = _cpu(target)
     return (c1 - c0) / (time.monotonic() - t0)
-
-
-def _busy_us_per(cpu_s: float, idle_cpu_per_s: float | None, seconds: float, count: int,
-                 what: str) -> tuple[float | None, str | None]:
-    """Server CPU µs per event over a window, the idle share (``idle_cpu_per_s`` x ``seconds``) subtracted:
-    ``(figure, None)``, or ``(None, why)`` when the window's CPU is not above the idle share (too few events to
-    measure against the server's background: never a negative figure)."""
-    idle_share = (idle_cpu_per_s or 0.0) * seconds
-    busy = cpu_s - idle_share
-    if busy <= 0:
-        return None, (f"the server's CPU ({cpu_s:.3f} s) is not above the idle share ({idle_share:.3f} s): "
-                      f"{count} {what} are too few to measure against this server's background")
-    return (_r(busy / count * 1e6, 2) if count > 0 else None), None
 
 
 async def _subscribed(fleet: FleetRun, cap_s: float) -> dict[str, Any]:
@@ -164,7 +152,7 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
             await fleet.sleep_observed(hb_window_s)
             c1, r1 = _cpu(target)
             h1, dt = fleet.value("heartbeats"), time.monotonic() - t0
-            per_hb, error = _busy_us_per(c1 - c0, idle_cpu_per_s, dt, h1 - h0, "heartbeats")
+            per_hb, error = busy_us_per(c1 - c0, idle_cpu_per_s, dt, h1 - h0, "heartbeats")
             out.update({"heartbeats_per_s": _r((h1 - h0) / dt, 1), "heartbeat_window_s": _r(dt),
                         "server_cpu_heartbeat_window_s": _r(c1 - c0), "server_cpu_us_per_heartbeat": per_hb,
                         "server_cpu_share_heartbeats": _r((c1 - c0) / dt, 3)})
@@ -206,7 +194,7 @@ async def fanout_phase(target: Any, *, vehicles: int, requests: int, vin_prefix:
         fleet.stop_quietly()
         raise
     out.update(_delivery_figures(summary, fleet, sents, expected, status))
-    per_delivery, error = _busy_us_per(c1 - c0, idle_cpu_per_s, dt, out["deliveries"], "deliveries")
+    per_delivery, error = busy_us_per(c1 - c0, idle_cpu_per_s, dt, out["deliveries"], "deliveries")
     out.update({"server_cpu_s": _r(c1 - c0), "server_cpu_us_per_delivery": per_delivery, "phase_seconds": _r(dt)})
     if error is not None:
         out["delivery_cpu_error"] = error
