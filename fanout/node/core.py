@@ -49,7 +49,7 @@ from fanout.node.delivery_props import BatchProps
 from fanout.node.delivery_topic import DEFAULT_TOPIC_PREFIX, DeliveryTopics
 from fanout.node.event_batching import EventBatching
 from fanout.node.ingest_rounds import IngestRounds, ShardLink
-from fanout.node.topic_appends import AppendBatch, TopicAppends
+from fanout.node.topic_appends import FULL_BATCH, FULL_BATCH_RAY, AppendBatch, TopicAppends
 from fanout.node.topic_groups import NodeGroups, durable_filters
 from fanout.topics.matcher import DurableTopics
 from fanout.request_control import Reply, replies_topic
@@ -111,7 +111,9 @@ class NodeCore(BrokerHooks):
         self.durable = DurableTopics(self.shards, config.topics if config is not None else ())
         self.durable_topic = self.durable.matches  # asked by the broker per publish (BrokerHooks.durable_topic)
         self.appends = TopicAppends(self.durable, *((config.fanout.max_pending_appends,
-                                                     config.fanout.max_pending_append_bytes) if config is not None else ()))
+                                                     config.fanout.max_pending_append_bytes) if config is not None else ()),
+                                    full_batch=FULL_BATCH_RAY if config is not None and not config.cluster.direct_channels
+                                    else FULL_BATCH)
         self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix),
                                  max_queue_bytes=config.fanout.max_forward_queue_bytes if config is not None else 64 << 20)
         self._wake = on_pending or (lambda: None)

@@ -8,12 +8,16 @@ Strategy: the broker routes a publish on a durable topic live at once and hands 
    :class:`fanout.topics.records.AppendItem` per durable topic it goes to, and queues each on the shard that
    holds its partition;
 2. :meth:`TopicAppends.take` hands the actor one batch per shard that has no ``topic_append`` call in flight, or
-   already :data:`FULL_BATCH` items and fewer than :data:`MAX_CALLS_PER_SHARD` calls in flight (what arrives
-   meanwhile makes the next, so the batches grow with the load: a Ray call costs the node more CPU than a few
-   dozen appends, so small concurrent calls would cost throughput;
-   the dispatcher writes ONE WriteBatch per call, replicated before it answers, and applies the next call's
-   while the replicas acknowledge the previous one: calls to one shard start in the order they were made, so a
-   partition's entries keep the order of the publishes);
+   already ``full_batch`` items and fewer than :data:`MAX_CALLS_PER_SHARD` calls in flight (what arrives
+   meanwhile makes the next, so the batches grow with the load). The dispatcher writes ONE WriteBatch per call
+   (concurrent calls join one group commit), replicated before it answers, and applies the next call's while
+   the replicas acknowledge the previous one; calls to one shard start in the order they were made, so a
+   partition's entries keep the order of the publishes. ``full_batch`` is :data:`FULL_BATCH` (16) over the direct
+   channels, where a call costs about what one or two appends do: without a second call, the appends that
+   arrive while a call is out wait for its whole round trip (commit, the replica's ack, the reply) instead of
+   about one apply, and a few paho-like clients (32 in flight each, ~64 per shard) never fill a bigger batch.
+   Over Ray calls (``cluster.direct_channels = false``, ~1.8 ms of CPU per call) it is
+   :data:`FULL_BATCH_RAY` (128);
 3. :meth:`TopicAppends.done` settles the call's tickets: a ticket is acknowledged (PUBACK for QoS 1, PUBREC for
    QoS 2) when every shard call it was part of succeeded, else refused (MQTT 5: negative PUBACK/PUBREC, 0x97 for
    a full store, else 0x80; 3.1.1: the connection is closed without PUBACK, the client resends after
@@ -45,9 +49,11 @@ log = structlog.get_logger(__name__)
 
 REFUSED_LOG_INTERVAL_S = 1.0
 MAX_CALLS_PER_SHARD = 2  # a second call while one is in flight only for a full batch: see take()
-# (2, not 4: the dispatcher merges concurrent calls into one commit anyway, so more calls only cost Ray call CPU;
-# topics_bench window 256: ~4% less CPU per message, 11-15k msg/s instead of 9-11k in interleaved runs)
-FULL_BATCH = 128  # items
+# (2, not 4: the dispatcher merges concurrent calls into one commit anyway; with Ray calls topics_bench window 256
+# spent ~4% less CPU per message, 11-15k msg/s instead of 9-11k in interleaved runs; over the direct channels at
+# window 32 with FULL_BATCH 16, 4 calls gave 18.4k / 19.5k msg/s against 18.9k / 19.4k with 2)
+FULL_BATCH = 16  # items, over the direct channels (see the module docstring)
+FULL_BATCH_RAY = 128  # items, when the calls are Ray calls
 
 
 class AppendLink(Protocol):
@@ -87,10 +93,13 @@ class TopicAppends:
         topics: the durable topics (shared with the broker's per-publish check).
         max_pending: most tickets held (``fanout.max_pending_appends``).
         max_pending_bytes: most payload bytes held (``fanout.max_pending_append_bytes``).
+        full_batch: items that make a batch worth a second call while one is in flight (see the module docstring).
     """
 
-    def __init__(self, topics: DurableTopics, max_pending: int = 10_000, max_pending_bytes: int = 64 << 20) -> None:
+    def __init__(self, topics: DurableTopics, max_pending: int = 10_000, max_pending_bytes: int = 64 << 20,
+                 full_batch: int = FULL_BATCH) -> None:
         self.topics = topics
+        self.full_batch = full_batch
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         shards = topics.shards
@@ -109,7 +118,7 @@ class TopicAppends:
 
     def _room(self, shard: int) -> bool:
         n = self._calls[shard]
-        return n == 0 or (n < MAX_CALLS_PER_SHARD and len(self._items[shard]) >= FULL_BATCH)
+        return n == 0 or (n < MAX_CALLS_PER_SHARD and len(self._items[shard]) >= self.full_batch)
 
     def has_work(self) -> bool:
         """True when some shard has items queued and room for another call."""

@@ -255,3 +255,19 @@ async def test_calls_per_shard_are_capped(tc):
     tc.flush()
     assert v.acks() == list(range(1, pid + 1))
     assert [e.offset for e in tc.log(_partition(vin))] == list(range(pid))
+
+
+def test_the_second_call_threshold_follows_the_transport():
+    # Over the direct channels a call costs about one or two appends: 16 queued items are worth a second call
+    # (a few paho-like clients never fill 128 per shard, and their appends waited a whole round trip). A Ray
+    # call costs ~1.8 ms of CPU: there it stays 128.
+    from fanout.node.core import NodeCore
+    from fanout.node.topic_appends import FULL_BATCH, FULL_BATCH_RAY
+
+    class Link:
+        shards = 2
+
+    cfg = load_config(None, env={})
+    assert NodeCore(cfg, "n0", Link()).appends.full_batch == FULL_BATCH == 16
+    ray_calls = cfg.replace("cluster", direct_channels=False)
+    assert NodeCore(ray_calls, "n0", Link()).appends.full_batch == FULL_BATCH_RAY == 128
