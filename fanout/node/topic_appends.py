@@ -52,7 +52,7 @@ MAX_CALLS_PER_SHARD = 2  # a second call while one is in flight only for a full 
 # (2, not 4: the dispatcher merges concurrent calls into one commit anyway; with Ray calls topics_bench window 256
 # spent ~4% less CPU per message, 11-15k msg/s instead of 9-11k in interleaved runs; over the direct channels at
 # window 32 with FULL_BATCH 16, 4 calls gave 18.4k / 19.5k msg/s against 18.9k / 19.4k with 2)
-FULL_BATCH = 16  # items, over the direct channels (see the module docstring)
+FULL_BATCH = 16  # items, over the direct channels (see the module docstring; 4 made commits too small: docs/topics.md)
 FULL_BATCH_RAY = 128  # items, when the calls are Ray calls
 
 
