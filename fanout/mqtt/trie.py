@@ -17,20 +17,26 @@ Strategy:
 """
 from __future__ import annotations
 
-from typing import Generic, Hashable, Iterator, TypeVar
+from types import MappingProxyType
+from typing import Any, Generic, Hashable, Iterator, TypeVar
 
 from .topics import validate_topic_filter
 
 K = TypeVar("K", bound=Hashable)
+
+# What an unused dict of a node holds until its first write: each vehicle's "agent/<VIN>/#" makes a node that only
+# ever needs ``multi``, so two empty dicts (64 bytes each, and their allocation per connect) are not made. Read-only:
+# a write that forgets to make the node's own dict first raises instead of changing every node.
+_NONE: Any = MappingProxyType({})
 
 
 class _Node:
     __slots__ = ("children", "subs", "multi")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
-        self.subs: dict = {}   # subscribers whose filter ends at this level
-        self.multi: dict = {}  # subscribers of "<this level>/#" ("#" itself at the root)
+        self.children: dict[str, _Node] = _NONE
+        self.subs: dict = _NONE   # subscribers whose filter ends at this level
+        self.multi: dict = _NONE  # subscribers of "<this level>/#" ("#" itself at the root)
 
     def empty(self) -> bool:
         return not (self.children or self.subs or self.multi)
@@ -62,13 +68,14 @@ class SubscriptionTrie(Generic[K]):
         """Number of (key, filter) subscriptions."""
         return self._count
 
-    def add(self, topic_filter: str, key: K, qos: int) -> bool:
+    def add(self, topic_filter: str, key: K, qos: int, *, validated: bool = False) -> bool:
         """Subscribe ``key`` to ``topic_filter`` (replacing the QoS of an existing subscription).
 
         Args:
             topic_filter: a valid topic filter.
             key: subscriber key.
             qos: granted QoS, 0..2.
+            validated: the caller has just validated the filter (the SUBSCRIBE path): not again.
 
         Returns:
             True if the subscription is new for that key, False if only its QoS was replaced
@@ -84,7 +91,8 @@ class SubscriptionTrie(Generic[K]):
         if mine is not None and topic_filter in mine:
             is_new = False
         else:
-            validate_topic_filter(topic_filter)
+            if not validated:
+                validate_topic_filter(topic_filter)
             is_new = True
         if "+" in topic_filter or "#" in topic_filter:
             node = self._root
@@ -92,13 +100,20 @@ class SubscriptionTrie(Generic[K]):
             last = len(levels) - 1
             for i, level in enumerate(levels):
                 if i == last and level == "#":
+                    if node.multi is _NONE:
+                        node.multi = {}
                     node.multi[key] = qos
                     break
-                child = node.children.get(level)
+                children = node.children
+                child = children.get(level)
                 if child is None:
-                    child = node.children[level] = _Node()
+                    if children is _NONE:
+                        children = node.children = {}
+                    child = children[level] = _Node()
                 node = child
             else:
+                if node.subs is _NONE:
+                    node.subs = {}
                 node.subs[key] = qos
             if is_new:
                 self._wild[topic_filter] = self._wild.get(topic_filter, 0) + 1

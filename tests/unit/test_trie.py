@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 import pytest
 
 from fanout.mqtt.topics import InvalidTopic, topic_matches
+from fanout.mqtt import trie as trie_module
 from fanout.mqtt.trie import SubscriptionTrie
 
 
@@ -159,3 +160,20 @@ def test_match_equals_brute_force(subs, removals, topics):
     for key in ("k1", "k2", "k3"):
         t.remove_all(key)
     assert len(t) == 0 and t._root.empty() and not list(t.filters())
+    assert len(trie_module._NONE) == 0  # the shared read-only stand-in for an unused dict was never written
+
+
+def test_a_vehicle_filter_node_holds_only_the_dict_it_uses():
+    # "agent/<VIN>/#" makes one node per vehicle that only ever needs ``multi``: its ``children`` and ``subs``
+    # stay the shared read-only stand-in (two empty dicts less per connected vehicle), which refuses writes.
+    t: SubscriptionTrie[str] = SubscriptionTrie()
+    t.add("agent/VIN00000000000001/#", "VIN00000000000001", 1)
+    node = t._root.children["agent"].children["VIN00000000000001"]
+    assert node.multi == {"VIN00000000000001": 1}
+    assert node.children is trie_module._NONE and node.subs is trie_module._NONE
+    with pytest.raises(TypeError):
+        trie_module._NONE["x"] = 1
+    t.add("agent/VIN00000000000001/in", "VIN00000000000001", 0)  # exact: not in the trie
+    t.add("agent/VIN00000000000001/+", "VIN00000000000001", 0)
+    assert node.children["+"].subs == {"VIN00000000000001": 0}
+    assert t.match("agent/VIN00000000000001/x") == {"VIN00000000000001": 1}
