@@ -50,7 +50,8 @@ class TopicTally:
         """``(topic, partition, first, last)`` of each ``topic_append`` op, in batch order."""
         self._receipt_prefix = topics.partition_prefix(topics.RECEIPTS_NAME, shard_id)
         self._segments: dict[tuple[str, str, str, int, int], tuple[bytes, ...]] = {}
-        """(request id, data id, status, time, VIN length) -> the entry's bytes around the VIN (:meth:`_receipt_segments`)."""
+        """(request id, data id, status, time, VIN length) -> the entry's bytes around the VIN
+        (:meth:`_receipt_segments`)."""
         self._pending: list[tuple[bytes, bytes]] = []
 
     def take(self, txn: lmdb.Transaction, prefix: bytes, n: int) -> int:

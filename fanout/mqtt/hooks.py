@@ -186,8 +186,9 @@ class LocalPublish:
 Event = Any  # one of the dataclasses above
 
 # Constructors of the events the broker makes per message (a delivery's PUBACK, a heartbeat, a durable append, a
-# forwarded publish) and per connection (connect, subscribe, disconnect), every field positional. A frozen dataclass's ``__init__`` sets each field through
-# ``object.__setattr__``: ~0.55 against ~0.3 us for a Delivered (the broker's own values need no checks).
+# forwarded publish) and per connection (connect, subscribe, disconnect), every field positional. A frozen
+# dataclass's ``__init__`` sets each field through ``object.__setattr__``: ~0.55 against ~0.3 us for a Delivered
+# (the broker's own values need no checks).
 new_delivered = unchecked(Delivered)
 new_heartbeat = unchecked(Heartbeat)
 new_ingest_ticket = unchecked(IngestTicket)

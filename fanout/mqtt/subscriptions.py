@@ -45,7 +45,8 @@ class Subscriptions:
             if self.refusal(conn, s, topic_filter, self._claimed_inner(topic_filter)) is not None:
                 codes.append(SUBACK_FAILURE)
                 continue
-            st.trie.add(topic_filter, cid, qos, validated=True)  # refusal() validated it; MQTT-3.8.4-3: replaces an identical filter
+            # refusal() validated the filter; MQTT-3.8.4-3: replaces an identical filter
+            st.trie.add(topic_filter, cid, qos, validated=True)
             if topic_filter not in s.subs:
                 st.subscription_count += 1
             s.subs[topic_filter] = qos

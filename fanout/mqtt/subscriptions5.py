@@ -88,7 +88,8 @@ class Subscriptions5:
                 if not (st.hooks is not None and st.hooks.claims_shared(topic_filter[7:-len(inner) - 1], inner)):
                     st.shared.add(topic_filter, inner, cid, qos)  # else the embedding serves it (hooks.claims_shared)
             else:
-                st.trie.add(topic_filter, cid, qos, validated=True)  # refusal() validated it; MQTT-3.8.4-3: replaces an identical filter
+                # refusal() validated the filter; MQTT-3.8.4-3: replaces an identical filter
+                st.trie.add(topic_filter, cid, qos, validated=True)
             if not existed:
                 st.subscription_count += 1
             s.subs[topic_filter] = qos
