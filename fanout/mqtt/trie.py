@@ -17,17 +17,36 @@ Strategy:
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-from typing import Any, Generic, Hashable, Iterator, TypeVar
+from typing import Any, Generic, Hashable, Iterator, NoReturn, TypeVar
 
 from .topics import validate_topic_filter
 
 K = TypeVar("K", bound=Hashable)
 
-# What an unused dict of a node holds until its first write: each vehicle's "agent/<VIN>/#" makes a node that only
-# ever needs ``multi``, so two empty dicts (64 bytes each, and their allocation per connect) are not made. Read-only:
-# a write that forgets to make the node's own dict first raises instead of changing every node.
-_NONE: Any = MappingProxyType({})
+
+class _Unused(dict):
+    """What an unused dict of a node holds until its first write (one shared instance, :data:`_NONE`): each
+    vehicle's "agent/<VIN>/#" makes a node that only ever needs ``multi``, so two empty dicts (64 bytes each, and
+    their allocation per connect) are not made. Reads are a plain empty dict's; a write raises, so a write site
+    that forgets to make the node's own dict first fails instead of changing every node. Pickles (and copies) as
+    the shared instance."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("the trie's shared empty dict is read-only: give the node its own dict first")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _unused, ()
+
+
+def _unused() -> "_Unused":
+    return _NONE
+
+
+_NONE: Any = _Unused()
 
 
 class _Node:

@@ -1,6 +1,8 @@
 """SubscriptionTrie tests, including a brute-force equivalence property."""
 from __future__ import annotations
 
+import pickle
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
@@ -177,3 +179,7 @@ def test_a_vehicle_filter_node_holds_only_the_dict_it_uses():
     t.add("agent/VIN00000000000001/+", "VIN00000000000001", 0)
     assert node.children["+"].subs == {"VIN00000000000001": 0}
     assert t.match("agent/VIN00000000000001/x") == {"VIN00000000000001": 1}
+    copied = pickle.loads(pickle.dumps(t))  # pickles (and copies) with the shared stand-in, not a new dict
+    vehicle = copied._root.children["agent"].children["VIN00000000000001"]
+    assert vehicle.subs is trie_module._NONE and copied.match("agent/VIN00000000000001/y") == t.match(
+        "agent/VIN00000000000001/y")
