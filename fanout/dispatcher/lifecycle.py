@@ -67,13 +67,15 @@ class RequestLifecycle:
         """Note the expiry and User Properties of :class:`fanout.records.IngestItem` items that have them
         (written with their rows)."""
         expires = self.expires
+        asked: set[str] = set()  # one store read per request of the round, not per item of it
         for request_id, _data_id, _joined, ts_ms, ttl_ms, user_properties in items:
             if ttl_ms:
                 expires[request_id] = ts_ms + ttl_ms
-            elif request_id not in expires:
+            elif request_id not in expires and request_id not in asked:
                 # A trigger without a ttl keeps the expiry its request already has (the store keeps it, and a
                 # restarted dispatcher loads it for every request with rows pending): the rows it adds to a
                 # request swept or expired earlier are not sent after that time either, restart or not.
+                asked.add(request_id)
                 known = self.store.request_counters(request_id)
                 if known is not None and known["expires_ms"] is not None:
                     expires[request_id] = known["expires_ms"]
