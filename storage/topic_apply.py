@@ -20,7 +20,7 @@ from typing import Any
 
 import lmdb
 
-from storage import topics
+from storage import keys, topics
 
 _U64 = topics._U64
 _pack = topics.pack
@@ -28,6 +28,7 @@ _TOPIC_PREFIX = topics.RECEIPTS_TOPIC_PREFIX
 _EMPTY_STR_QOS1 = b"\xa0\x01"  # msgpack of "" (client_id) and 1 (qos)
 _NIL = b"\xc0"  # msgpack of None (properties)
 _PENDING_MAX = 65_536
+_VIN_BYTES = keys.VIN_CHARS.encode()  # what a VIN is made of: letters, digits, "_" and "-", none escaped in JSON
 _SEGMENTS_MAX = 4096  # receipt segment sets kept per transaction (a tick settles rows of few requests)
 
 
@@ -76,7 +77,8 @@ class TopicTally:
             nxt = topics.read_counter(txn, self._dbs.topic_counters, prefix)
         self._next[prefix] = nxt + 1
         vb = vin.encode()
-        if vb.isalnum():  # ASCII letters and digits (a VIN): the same bytes in the topic and in the JSON payload
+        # A VIN (storage.keys: letters, digits, "_", "-") needs no JSON escape: the same bytes in topic and payload.
+        if vb.isalnum() or not vb.translate(None, _VIN_BYTES):
             segments = self._segments.get((request_id, data_id, status, ts_ms, len(vb)))
             if segments is None:
                 segments = self._receipt_segments(request_id, data_id, status, ts_ms, len(vb))
