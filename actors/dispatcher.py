@@ -121,6 +121,8 @@ class Dispatcher:
                                           "trigger_conflicts", "ingest", "request_control")})
         loop = asyncio.get_event_loop()
         self._task = loop.create_task(self._run())
+        self._groups_joined = asyncio.Event()  # set while some consumer group has a member here
+        self._group_polls = 0
         self._groups_task = loop.create_task(self._topic_groups_loop())
         self._committing = False
         self._recovery: asyncio.Task | None = None
@@ -200,6 +202,7 @@ class Dispatcher:
         for calls in self._node_calls.values():
             calls.close()
         self._task.cancel()
+        self._groups_task.cancel()
         await self._writer.run(lambda: None)  # drain queued writes
         self._writer.shutdown()
         self.store.close()
@@ -265,6 +268,8 @@ class Dispatcher:
         """
         self._calls_in += 1
         self.core.apply_events(node_id, unpack_batch(events))
+        if not self._groups_joined.is_set() and self.core.topic_groups.active:  # members join by events only
+            self._groups_joined.set()
         self._kick()
         return self.incarnation
 
@@ -412,6 +417,7 @@ class Dispatcher:
         out["deliver_call_ms_avg"] = round(1000 * self._deliver_s / max(1, self._calls_out), 2)
         out["channel"] = self._channel.stats()
         out["channel_fallbacks"] = sum(c.fallbacks for c in self._node_calls.values())
+        out["group_polls"] = self._group_polls  # consumer-group log polls (none while no group has a member here)
         return out
 
     async def metrics(self) -> list[dict[str, Any]]:
@@ -543,10 +549,18 @@ class Dispatcher:
 
     async def _topic_groups_loop(self) -> None:
         """While some group has a member here, tick every TOPIC_GROUP_POLL_S: appends reach the log through
-        this shard's writer from anywhere, and the tick is where the groups learn of them."""
+        this shard's writer from anywhere, and the tick is where the groups learn of them. Without a member
+        it sleeps until :meth:`events` brings one: a 100 Hz timer costs 10-14 ms of CPU per second here
+        (idle and under load alike), for nothing when no group consumes."""
+        groups = self.core.topic_groups
         while not self._closed:
+            if not groups.active:
+                self._groups_joined.clear()
+                await self._groups_joined.wait()
+                continue
             await asyncio.sleep(TOPIC_GROUP_POLL_S)
-            if self.core.topic_groups.active:
+            self._group_polls += 1
+            if groups.active:
                 self._wake.set()
 
     def _topic_group_commits(self, now_ms: int) -> None:
