@@ -521,7 +521,7 @@ class Delivery:
 
     def deliver(self, client_id: str, topic: str, payload: bytes, qos: int = 1, tag: Hashable = None,
                 *, require_subscription: bool = True, covering: Iterable[str] | None = None,
-                dup: bool = False, props: MsgProps | None = None) -> DeliverStatus:
+                dup: bool = False, props: MsgProps | None = None, unique: bool = False) -> DeliverStatus:
         """Send one message to one connected client through its session (the fanout delivery path).
 
         QoS 1/2 messages get a packet id and count against the inflight window (queued when full);
@@ -543,6 +543,11 @@ class Delivery:
             dup: DUP=1 on the first PUBLISH (QoS >= 1): the caller knows it may be a redelivery.
             props: MQTT 5 properties to send with it (:func:`fanout.mqtt.message5.message_props`; an
                 expired message is not sent, and an MQTT 5 client gets the remaining interval).
+            unique: while the session holds a message with this ``tag`` (in flight or queued), send no second
+                copy and return where that one is (SENT or QUEUED). The fanout passes it: a dispatcher's
+                ``deliver`` call can run twice (its reply lost on the direct channel, then made over Ray), and
+                a restarted dispatcher resends the rows of connected vehicles; two copies of a row must not go
+                towards one vehicle.
 
         Returns:
             A :class:`DeliverStatus`.
@@ -554,6 +559,11 @@ class Delivery:
         c = s.conn
         if c is None:
             return DeliverStatus.NOT_CONNECTED
+        # Free on the fanout's own path: its next row goes out after the PUBACK emptied the window.
+        if unique and (s.inflight or s.queue):
+            held = _held_status(s, tag)
+            if held is not None:
+                return held
         principal = s.principal
         if principal is not None and self._can_read is not None:
             # ACL at delivery. Every fanout message has a topic of its own (a per-topic cache never hits), so it
@@ -647,6 +657,19 @@ class Delivery:
             return self.route(topic, payload, qos, retain, props, None, groups)
         shared = self._st.shared
         return shared.route(topic, payload, qos, props, retain, groups or ()) if shared is not None else 0
+
+
+def _held_status(s: Session, tag: Hashable) -> DeliverStatus | None:
+    """SENT when a message tagged ``tag`` is in flight in ``s``, QUEUED when it waits in its queue, else None.
+    A vehicle's session holds one fanout row and what else its subscriptions brought (bounded by
+    ``mqtt.max_inflight`` and ``mqtt.max_offline_messages``)."""
+    for m in s.inflight.values():
+        if m.tag == tag:
+            return _SENT
+    for m in s.queue or ():
+        if m.tag == tag:
+            return DeliverStatus.QUEUED
+    return None
 
 
 __all__ = ["Delivery", "MATCH_CACHE_SIZE"]

@@ -441,7 +441,7 @@ class NodeCore(BrokerHooks):
             # The covering filters let the broker skip matching the topic against every filter.
             topic = f"{head}{vin}{tail}{request_id}" if simple else topics.topic(vin, request_id)
             status = deliver(vin, topic, payloads[data_id], 1, key, covering=cover.get(vin), dup=dup,
-                             props=None if props_of is None else props_of(request_id, data_id))
+                             props=None if props_of is None else props_of(request_id, data_id), unique=True)
             if status >= _FAILED_MIN:
                 failures.append(failure(vin, gen, key, int(status)))
         self.deliver_failures += len(failures)

@@ -936,3 +936,36 @@ def test_failing_hook_does_not_lose_output():
     net = Net(hooks=Broken())
     c = net.client()
     assert c.connect("a") == Connack(False, 0)
+
+
+def test_deliver_of_a_tag_the_session_holds_sends_nothing_again():
+    """A second deliver of a tag the session already holds (in flight or queued) sends no second copy: a
+    dispatcher's deliver call that ran twice (its reply lost on the direct channel, then made again over Ray;
+    or a restarted dispatcher resending a row) must not put two copies of a row towards one vehicle."""
+    hooks = RecordingHooks()
+    net = Net(hooks=hooks, mqtt={"max_inflight": 1})
+    v = net.client()
+    v.connect("V", clean=False)
+    v.subscribe(("agent/V/#", 1))
+    b = net.broker
+    assert b.deliver("V", "agent/V/r1", b"one", tag=b"k1", unique=True) is DeliverStatus.SENT
+    assert b.deliver("V", "agent/V/r1", b"one", tag=b"k1", unique=True) is DeliverStatus.SENT  # in flight: not again
+    assert b.deliver("V", "agent/V/r2", b"two", tag=b"k2", unique=True) is DeliverStatus.QUEUED
+    assert b.deliver("V", "agent/V/r2", b"two", tag=b"k2", unique=True) is DeliverStatus.QUEUED  # queued: not again
+    net.pump()
+    first = v.take()
+    assert [m.payload for m in first] == [b"one"]
+    hooks.take()
+    v.send(Puback(first[0].packet_id))
+    net.pump()
+    second = v.take()
+    assert [m.payload for m in second] == [b"two"]
+    v.send(Puback(second[0].packet_id))
+    net.pump()
+    assert v.take() == []  # no second copy of either
+    assert [e.tag for e in hooks.take(Delivered)] == [b"k1", b"k2"]
+    assert b.deliver("V", "agent/V/r1", b"one", tag=b"k1", unique=True) is DeliverStatus.SENT  # acknowledged: a new delivery
+    net.pump()
+    assert len(v.take()) == 1
+    # without unique (other callers' tags, e.g. consumer groups' windows of hundreds): no scan, a copy each
+    assert b.deliver("V", "agent/V/r3", b"x", tag=b"k3") is DeliverStatus.QUEUED

@@ -400,6 +400,18 @@ async def test_apply_deliveries_refuses_stale_generation_and_unsubscribed(cluste
                         ("V3", 1, b"k3", DeliverStatus.NOT_CONNECTED)]
 
 
+async def test_a_deliver_batch_applied_twice_puts_one_copy_towards_the_vehicle(cluster):
+    """A dispatcher's deliver call that runs twice (its reply lost on the direct channel, then made again over
+    Ray) hands each row to the session once: one PUBLISH per row, one row in flight."""
+    car = vehicle(cluster, "V1")
+    gen = cluster.edge.generation_of("V1")
+    batch = [("V1", gen, b"k1", "r1", "d", False)]
+    assert cluster.edge.apply_deliveries(batch, {"d": b"blob"}) == []
+    assert cluster.edge.apply_deliveries(batch, {"d": b"blob"}) == []  # not a failure: the session has it
+    cluster.flush()
+    assert [p.topic for p in car.publishes()] == ["agent/V1/proxy/request/r1"]
+
+
 async def test_kick_only_closes_the_named_generation(cluster):
     car = vehicle(cluster, "V1")
     gen = cluster.edge.generation_of("V1")
