@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from .harness.processes import raise_nofile_limit
 
 # Registration: one module name per scenario group, run in this order.
-MODULES: tuple[str, ...] = ("broker_bench", "call_bench", "client_bench", "gc_bench", "fanout_bench", "fleet_bench",
+MODULES: tuple[str, ...] = ("ack_commit_bench", "broker_bench", "call_bench", "client_bench", "gc_bench", "fanout_bench", "fleet_bench",
                              "replication_bench", "server_bench", "tls_bench", "topics_bench")
 
 

@@ -30,3 +30,14 @@ def test_heartbeat_side_bench_ships_every_heartbeat_to_a_dispatcher_core():
     assert sent == 600
     assert math.isfinite(node) and node > 0
     assert math.isfinite(dispatcher) and dispatcher >= 0
+
+
+def test_ack_commit_bench_acknowledges_every_row_and_reports_per_ack_figures(tmp_path):
+    from benchmarks import ack_commit_bench
+
+    result = ack_commit_bench.run(True, out_dir=str(tmp_path), data_dir=str(tmp_path))  # raises if a row stays
+    assert [r["commit"] for r in result["runs"]] == [10, 100]
+    for r in result["runs"]:
+        assert r["acks"] == 600 and r["commits"] == 600 // r["commit"]
+        assert r["cpu_us_per_ack"] > 0 and r["wchar_bytes_per_ack"] > 0
+    assert (tmp_path / "ack_commit_bench_quick.json").exists() and (tmp_path / "ack_commit_bench_quick.png").exists()
