@@ -560,7 +560,7 @@ class Delivery:
         if c is None:
             return DeliverStatus.NOT_CONNECTED
         # Free on the fanout's own path: its next row goes out after the PUBACK emptied the window.
-        if unique and (s.inflight or s.queue):
+        if unique and (s.inflight or s.queue) and tag is not None:  # None tags every untagged message
             held = _held_status(s, tag)
             if held is not None:
                 return held

@@ -969,3 +969,8 @@ def test_deliver_of_a_tag_the_session_holds_sends_nothing_again():
     assert len(v.take()) == 1
     # without unique (other callers' tags, e.g. consumer groups' windows of hundreds): no scan, a copy each
     assert b.deliver("V", "agent/V/r3", b"x", tag=b"k3") is DeliverStatus.QUEUED
+    # no tag: nothing to tell copies apart by (untagged messages all carry None), so every one is handed over
+    b.publish_local("agent/V/plain", b"p", 1)
+    queued = len(b.session_of("V").queue)
+    assert b.deliver("V", "agent/V/r4", b"y", unique=True) is DeliverStatus.QUEUED
+    assert len(b.session_of("V").queue) == queued + 1
