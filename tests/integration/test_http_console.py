@@ -9,6 +9,7 @@ saves the final screenshot there (how ``docs/console.png`` is made); otherwise i
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -121,7 +122,9 @@ def test_console_shows_the_cluster_live_and_follows_a_request(cluster, browser, 
         assert request_cells(browser)[8] == "active"
         browser.find_element(By.CSS_SELECTOR, "#requests tbody tr button").click()  # cancel
         wait_until(lambda: request_cells(browser)[8] == "cancelled", 15, "the cancelled request on the page")
-        assert f"request {REQUEST} cancelled" in text(browser, "requests-note")
+        assert f"request {REQUEST} cancelled" in text(browser, "requests-action")
+        time.sleep(1.5)  # a poll or two later (every second) the outcome is still on the page
+        assert f"request {REQUEST} cancelled" in text(browser, "requests-action")
         # delivered 3, pending 0, VINs 4, in flight 0, expired 0, cancelled 1 (the vehicle never connected)
         assert request_cells(browser)[2:8] == ["3", "0", "4", "0", "0", "1"]
         assert not browser.find_element(By.CSS_SELECTOR, "#requests tbody tr button").is_enabled()

@@ -194,7 +194,8 @@ async function cancelRequest(id) {
   const res = await getJSON("/api/requests/" + encodeURIComponent(id) + "/cancel", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
   });
-  $("requests-note").textContent = res.status === 200
+  // its own line: a poll in flight would overwrite requests-note a moment later
+  $("requests-action").textContent = res.status === 200
     ? `request ${id} cancelled`
     : `cancel ${id}: ${res.body && res.body.error ? res.body.error : "HTTP " + res.status}`;
   if (res.status === 200) showRequest(id, res.body);
