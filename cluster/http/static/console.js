@@ -164,10 +164,16 @@ function showRequest(id, r) {
   vinsCell.textContent = atLeast + fmt(r.vins);
 }
 
+// bumped by an action on a request: a poll's answer read before the action is stale and must not undo
+// what the action's own answer showed (a cancelled request flipping back to "active" for a second)
+let requestsEpoch = 0;
+
 async function refreshRequests() {
   const listed = new Set();
+  const epoch = requestsEpoch;
   if (lifecycle !== false) {
     const list = await getJSON("/api/requests?limit=100");
+    if (epoch !== requestsEpoch) return;
     if (list.status === 200) {
       lifecycle = true;
       for (const r of list.body.requests) {
@@ -186,11 +192,13 @@ async function refreshRequests() {
   for (const id of watched.keys()) {
     if (listed.has(id)) continue;
     const one = await getJSON("/api/requests/" + encodeURIComponent(id));
+    if (epoch !== requestsEpoch) return;
     showRequest(id, one.status === 200 ? one.body : null);
   }
 }
 
 async function cancelRequest(id) {
+  requestsEpoch += 1;
   const res = await getJSON("/api/requests/" + encodeURIComponent(id) + "/cancel", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
   });
@@ -198,6 +206,7 @@ async function cancelRequest(id) {
   $("requests-action").textContent = res.status === 200
     ? `request ${id} cancelled`
     : `cancel ${id}: ${res.body && res.body.error ? res.body.error : "HTTP " + res.status}`;
+  requestsEpoch += 1;  // a poll that started while the cancel ran may have read the state before it
   if (res.status === 200) showRequest(id, res.body);
 }
 
