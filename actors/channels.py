@@ -8,10 +8,15 @@
   node's IP, for clusters spanning machines) port 0, and answers ``channel_address()`` over Ray; the caller's
   :class:`fanout.channel.ChannelClient` resolves the address through that Ray call at each (re)connect, so a
   restarted callee (new process, new port) is found again.
+- TLS (``cluster.channel_tls``; ``auto``: when the listen address is not a loopback one, i.e. the channels
+  cross machines): one key and self-signed certificate per Ray cluster, kept next to the secret and made the
+  same way (:mod:`fanout.channel.tls`). The callee says in ``channel_address()`` whether it speaks TLS, so
+  callers follow it whatever their own machine's address.
 - ``cluster.direct_channels = false`` keeps every call on Ray (the A/B switch of the benchmarks).
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import secrets
 import time
@@ -19,7 +24,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import structlog
 
-from fanout.channel import ChannelClient, ChannelError, ChannelServer
+from fanout.channel import ChannelClient, ChannelError, ChannelServer, tls
 
 from .names import NAMESPACE
 
@@ -30,21 +35,57 @@ FALLBACK_LOG_INTERVAL_S = 5.0
 CHANNEL_RETRY_S = 1.0
 
 _SECRET_KEY = b"channel-secret"
+_IDENTITY_KEY = b"channel-tls-identity"
 _secret: bytes | None = None
+_identity: bytes | None = None
+_client_tls: Any = None
+
+
+def _cluster_value(key: bytes, make: Callable[[], bytes]) -> bytes | None:
+    """The value of ``key`` in the Ray cluster's GCS, stored first if absent (``overwrite=False``: concurrent
+    first askers all end up with the one value stored). Blocking."""
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+    if not value:
+        internal_kv._internal_kv_put(key, make(), overwrite=False, namespace=NAMESPACE)
+        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+    return bytes(value) if value else None
 
 
 def channel_secret() -> bytes:
     """The Ray cluster's channel secret (created on first use). Blocking: one GCS call, then cached."""
     global _secret
     if _secret is None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_put(_SECRET_KEY, secrets.token_bytes(32), overwrite=False, namespace=NAMESPACE)
-        value = internal_kv._internal_kv_get(_SECRET_KEY, namespace=NAMESPACE)
+        value = _cluster_value(_SECRET_KEY, lambda: secrets.token_bytes(32))
         if not value or len(value) < 32:
             raise RuntimeError("the cluster's channel secret could not be read from the GCS")
-        _secret = bytes(value)
+        _secret = value
     return _secret
+
+
+def channel_identity() -> bytes:
+    """The Ray cluster's channel TLS key and certificate, PEM (created on first use). Blocking, then cached."""
+    global _identity
+    if _identity is None:
+        value = _cluster_value(_IDENTITY_KEY, tls.new_identity)
+        if not value:
+            raise RuntimeError("the cluster's channel TLS identity could not be read from the GCS")
+        _identity = value
+    return _identity
+
+
+def channel_tls(config: Any, host: str) -> bool:
+    """Whether a channel listening on ``host`` speaks TLS (``cluster.channel_tls``)."""
+    mode = config.cluster.channel_tls
+    return mode == "on" or (mode == "auto" and not _is_loopback(host))
+
+
+def _client_context() -> Any:
+    global _client_tls
+    if _client_tls is None:
+        _client_tls = tls.client_context(channel_identity())
+    return _client_tls
 
 
 def channels_enabled(config: Any) -> bool:
@@ -73,12 +114,14 @@ def client_for(config: Any, service: str, handle: Any) -> ChannelClient:
     """A client of the channel ``service`` served by the actor ``handle`` (resolved via ``channel_address``)."""
 
     async def resolve() -> tuple[str, int]:
-        host, port, machine = await handle.channel_address.remote()
+        host, port, machine, *rest = await handle.channel_address.remote()
         if _is_loopback(host) and machine != _this_machine():
             # e.g. the default 127.0.0.1 on a cluster spanning machines: our own loopback is not the callee's
             raise ChannelError(f"channel {service} listens on {host} of machine {machine}, not this one "
                                f"({_this_machine()}): set cluster.channel_host = \"node\" on clusters spanning "
                                "machines; calls go over Ray meanwhile")
+        if rest and rest[0]:  # the callee speaks TLS
+            return host, port, await asyncio.get_running_loop().run_in_executor(None, _client_context)
         return host, port
 
     return ChannelClient(channel_secret(), service, resolve, max_frame=config.cluster.channel_max_frame_bytes)
@@ -139,8 +182,6 @@ class ServedChannel:
     must not block), and its address for :func:`client_for`'s ``resolve``."""
 
     def __init__(self, config: Any, service: str, handlers: Mapping[str, Callable[..., Awaitable[Any]]]) -> None:
-        import asyncio
-
         self.service = service
         self.server: ChannelServer | None = None
         self._task = None
@@ -148,20 +189,25 @@ class ServedChannel:
             self._task = asyncio.get_event_loop().create_task(self._start(config, handlers))
 
     async def _start(self, config: Any, handlers: Mapping[str, Callable[..., Awaitable[Any]]]) -> None:
-        import asyncio
-
-        secret = await asyncio.get_running_loop().run_in_executor(None, channel_secret)
-        server = ChannelServer(secret, self.service, handlers, max_frame=config.cluster.channel_max_frame_bytes)
-        await server.start(listen_host(config), 0)
+        loop = asyncio.get_running_loop()
+        secret = await loop.run_in_executor(None, channel_secret)
+        host = listen_host(config)
+        ctx = None
+        if channel_tls(config, host):
+            ctx = await loop.run_in_executor(None, lambda: tls.server_context(channel_identity()))
+        server = ChannelServer(secret, self.service, handlers, max_frame=config.cluster.channel_max_frame_bytes,
+                               ssl=ctx)
+        await server.start(host, 0)
         self.server = server
 
-    async def address(self) -> tuple[str, int, str]:
-        """``(host, port, machine)``: where it listens, and the Ray node IP of its machine (a loopback ``host`` is
-        reachable from that machine only). Raises if channels are off or the server failed to start."""
+    async def address(self) -> tuple[str, int, str, bool]:
+        """``(host, port, machine, tls)``: where it listens, the Ray node IP of its machine (a loopback ``host``
+        is reachable from that machine only) and whether it speaks TLS. Raises if channels are off or the
+        server failed to start."""
         if self._task is None:
             raise RuntimeError(f"channel {self.service}: direct channels are off")
         await self._task
-        return (*self.server.address, _this_machine())
+        return (*self.server.address, _this_machine(), self.server.ssl is not None)
 
     def stats(self) -> dict[str, int] | None:
         return dict(self.server.stats) if self.server is not None else None
@@ -197,4 +243,5 @@ def node_service(node_id: str) -> str:
     return f"node/{node_id}"
 
 
-__all__ = ["rewire", "dispatcher_service", "node_service", "channel_secret", "channels_enabled", "listen_host", "client_for", "DirectCalls", "ServedChannel"]
+__all__ = ["rewire", "dispatcher_service", "node_service", "channel_secret", "channel_identity", "channel_tls",
+           "channels_enabled", "listen_host", "client_for", "DirectCalls", "ServedChannel"]

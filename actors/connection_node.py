@@ -238,7 +238,7 @@ class ConnectionNode:
         handlers). Open connections stay; returns False when TLS is off or the files failed to load."""
         return self.server.reload_tls() if self.server is not None else False
 
-    async def channel_address(self) -> tuple[str, int, str]:
+    async def channel_address(self) -> tuple[str, int, str, bool]:
         """Where this node's direct channel listens (``actors.channels``)."""
         return await self._channel.address()
 

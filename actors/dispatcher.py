@@ -137,7 +137,7 @@ class Dispatcher:
         """Returns ``{shard, incarnation, applied_seq}`` once the store is open."""
         return {"shard": self.shard, "incarnation": self.incarnation, "applied_seq": self.store.applied_seq}
 
-    async def channel_address(self) -> tuple[str, int, str]:
+    async def channel_address(self) -> tuple[str, int, str, bool]:
         """Where this dispatcher's direct channel listens (``actors.channels``)."""
         return await self._channel.address()
 

@@ -78,7 +78,7 @@ class StoreReplica:
         log.info("store replica started", shard=shard, replica=replica_id, path=path,
                  applied_seq=self.applier.applied_seq, epoch=self.applier.epoch, pid=os.getpid())
 
-    async def channel_address(self) -> tuple[str, int, str]:
+    async def channel_address(self) -> tuple[str, int, str, bool]:
         """Where this replica's direct channel listens (raises if channels are off or it failed to start)."""
         return await self._channel.address()
 

@@ -3,7 +3,9 @@
 The measurement behind the direct channels (docs/architecture.md, "Direct channels"): a caller actor awaits
 ``count`` sequential calls of a callee's async no-op method with one argument of ``size`` bytes, made as Ray
 calls (``handle.method.remote``) and through :class:`actors.channels.DirectCalls` (the production channel
-path, with the callee's :class:`actors.channels.ServedChannel`), on one local Ray instance. Figures per call:
+path, with the callee's :class:`actors.channels.ServedChannel`), the latter in plain TCP (``channel``, what a
+cluster on one machine uses) and with TLS 1.3 (``channel_tls``, ``cluster.channel_tls = "on"``: what channels
+between machines use), on one local Ray instance. Figures per call:
 CPU of the caller's and the callee's processes (``/proc/<pid>/task/*/schedstat``, ns resolution) and wall
 time. Both actors are ``num_cpus=0`` async actors like the cluster's; nothing else runs in the Ray instance.
 
@@ -29,7 +31,7 @@ from .harness.results import bench_parser, load_avg, log, result_name, run_heade
 
 NAME = "call_bench"
 SIZES = (1024, 32 * 1024)
-SYSTEMS = ("ray_call", "channel")
+SYSTEMS = ("ray_call", "channel", "channel_tls")
 FIGURES = ("caller_cpu_us", "callee_cpu_us", "total_cpu_us", "wall_us")
 
 
@@ -38,11 +40,11 @@ def _cpu(pid: int) -> float:
     return precise if precise is not None else proc_cpu_seconds(pid)
 
 
-def _actors(ray: Any) -> tuple[Any, Any]:
+def _actors(ray: Any, tls: bool) -> tuple[Any, Any]:
     from actors.channels import DirectCalls, ServedChannel
     from fanout.config import load_config
 
-    config = load_config(None, env={})
+    config = load_config(None, env={}).replace("cluster", channel_tls="on" if tls else "off")
 
     @ray.remote(num_cpus=0)
     class Callee:
@@ -52,7 +54,7 @@ def _actors(ray: Any) -> tuple[Any, Any]:
         async def call(self, arg: bytes) -> int:
             return len(arg)
 
-        async def channel_address(self) -> tuple[str, int, str]:
+        async def channel_address(self) -> tuple[str, int, str, bool]:
             return await self.channel.address()
 
         def pid(self) -> int:
@@ -69,7 +71,7 @@ def _actors(ray: Any) -> tuple[Any, Any]:
 
         async def run(self, how: str, count: int, size: int) -> dict[str, float]:
             arg = b"x" * size
-            if how == "channel":
+            if how != "ray_call":
                 call = self.direct.call
                 for _ in range(count):
                     await call("call", arg)
@@ -90,15 +92,19 @@ def measure(count: int, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, f
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 << 20,
              log_to_driver=False, configure_logging=False)
     try:
-        callee, caller = _actors(ray)
-        pids = ray.get([caller.pid.remote(), callee.pid.remote()])
+        plain, tls = _actors(ray, False), _actors(ray, True)  # (callee, caller) pairs
+        pairs = {"ray_call": plain, "channel": plain, "channel_tls": tls}
+        pids = {s: ray.get([caller.pid.remote(), callee.pid.remote()]) for s, (callee, caller) in pairs.items()}
+        if [ray.get(callee.channel_address.remote())[3] for callee, _ in (plain, tls)] != [False, True]:
+            raise RuntimeError("the callees do not speak what cluster.channel_tls says: not a TLS figure")
         out: dict[str, dict[str, float]] = {s: {} for s in SYSTEMS}
         for size in sizes:
             for system in SYSTEMS:
+                caller, (c_pid, e_pid) = pairs[system][1], pids[system]
                 ray.get(caller.run.remote(system, max(20, count // 10), size))  # warm: connect, caches
-                c0, e0, t0 = _cpu(pids[0]), _cpu(pids[1]), time.perf_counter()
+                c0, e0, t0 = _cpu(c_pid), _cpu(e_pid), time.perf_counter()
                 extra = ray.get(caller.run.remote(system, count, size))
-                c1, e1, t1 = _cpu(pids[0]), _cpu(pids[1]), time.perf_counter()
+                c1, e1, t1 = _cpu(c_pid), _cpu(e_pid), time.perf_counter()
                 if extra["fallbacks"]:
                     raise RuntimeError(f"{extra['fallbacks']} channel calls fell back to Ray: not a channel figure")
                 row = {"caller_cpu_us": (c1 - c0) / count * 1e6, "callee_cpu_us": (e1 - e0) / count * 1e6,
@@ -176,9 +182,12 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     result["systems"] = measure(count)
     result["thread_hop"] = thread_hop(count * 5)
     result["load_average_end"] = load_avg()
-    result["ratios"] = {f"ray_over_channel_total_cpu_{s}": round(result["systems"]["ray_call"][f"total_cpu_us_{s}"]
-                                                                 / result["systems"]["channel"][f"total_cpu_us_{s}"], 1)
+    systems = result["systems"]
+    result["ratios"] = {f"ray_over_channel_total_cpu_{s}": round(systems["ray_call"][f"total_cpu_us_{s}"]
+                                                                 / systems["channel"][f"total_cpu_us_{s}"], 1)
                         for s in SIZES}
+    result["ratios"].update({f"channel_tls_over_channel_total_cpu_{s}": round(
+        systems["channel_tls"][f"total_cpu_us_{s}"] / systems["channel"][f"total_cpu_us_{s}"], 2) for s in SIZES})
     result["command"] = "python -m benchmarks.call_bench" + (" --quick" if quick else "")
     save_result(result_name(NAME, quick), result, plot, out_dir, started=started)
     return result

@@ -221,6 +221,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "object_store_memory": Field("object_store_memory_bytes", "256MiB", _size(78 << 20), "object store of a local Ray instance"),
         "direct_channels": Field("direct_channels", True, _bool, "hot actor calls (replication, ...) over authenticated direct TCP channels instead of Ray calls (~50 µs instead of ~1.8 ms of CPU each)"),
         "channel_host": Field("channel_host", "127.0.0.1", _str(), "address the actors' direct channels listen on: 127.0.0.1 on one machine, 'node' = the Ray node's IP for a cluster spanning machines"),
+        "channel_tls": Field("channel_tls", "auto", _str(("auto", "on", "off")), "TLS 1.3 on the direct channels (one self-signed certificate per Ray cluster, pinned): 'auto' = when channel_host is not a loopback address, i.e. the channels cross machines"),
         "channel_max_frame": Field("channel_max_frame_bytes", "80MiB", _size(1 << 20, 1 << 31), "largest message on a direct channel; a larger one closes that connection"),
     },
     # HTTP on the controller's node: /metrics, /api/..., the / console (cluster.http)

@@ -54,11 +54,15 @@ class ChannelServer:
         handlers: what a client may call; any other name is answered with ``AttributeError``.
         max_frame: largest frame read or written.
         max_inflight: requests of one connection running at once before it stops reading.
+        ssl: a server TLS context (:func:`fanout.channel.tls.server_context`), or None for plain TCP. The
+            secret's handshake then runs inside the tunnel; a peer gets ``HANDSHAKE_TIMEOUT_S`` for TLS's.
     """
 
     def __init__(self, secret: bytes, service: str, handlers: Mapping[str, Handler], *,
-                 max_frame: int = DEFAULT_MAX_FRAME, max_inflight: int = DEFAULT_MAX_INFLIGHT) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, max_inflight: int = DEFAULT_MAX_INFLIGHT,
+                 ssl: Any = None) -> None:
         self.secret = secret
+        self.ssl = ssl
         self.service = service
         self.handlers = dict(handlers)
         self.max_frame = max_frame
@@ -76,7 +80,9 @@ class ChannelServer:
         """
         loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(lambda: _ServerConnection(self), host, port)
+            self._server = await loop.create_server(
+                lambda: _ServerConnection(self), host, port, ssl=self.ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None)
         except OSError as exc:
             raise RuntimeError(f"channel {self.service}: cannot listen on {host}:{port}: {exc}") from exc
         self.address = (host, self._server.sockets[0].getsockname()[1])
@@ -224,11 +230,13 @@ class ChannelClient:
     Args:
         secret: the cluster's channel secret.
         service: the server's service name.
-        resolve: coroutine function giving the server's current ``(host, port)`` (asked at every (re)connect).
+        resolve: coroutine function giving the server's current ``(host, port)``, or ``(host, port, ssl)`` with a
+            client TLS context (:func:`fanout.channel.tls.client_context`) when that server speaks TLS (asked at
+            every (re)connect).
         max_frame: largest frame sent or read.
     """
 
-    def __init__(self, secret: bytes, service: str, resolve: Callable[[], Awaitable[tuple[str, int]]], *,
+    def __init__(self, secret: bytes, service: str, resolve: Callable[[], Awaitable[tuple[Any, ...]]], *,
                  max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.secret = secret
         self.service = service
@@ -292,9 +300,13 @@ class ChannelClient:
         return conn
 
     async def _open(self) -> "_ClientConnection":
-        host, port = await self.resolve()
+        address = await self.resolve()
+        host, port = address[0], address[1]
+        ctx = address[2] if len(address) > 2 else None
         loop = asyncio.get_running_loop()
-        _t, conn = await loop.create_connection(lambda: _ClientConnection(self), host, port)
+        _t, conn = await loop.create_connection(
+            lambda: _ClientConnection(self), host, port, ssl=ctx,
+            ssl_handshake_timeout=CONNECT_TIMEOUT_S if ctx is not None else None)
         await conn.ready
         return conn
 

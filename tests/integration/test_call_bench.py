@@ -26,7 +26,8 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
             for figure in call_bench.FIGURES:
                 v = result["systems"][system][f"{figure}_{size}"]
                 assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (system, size, figure, v)
-    assert set(result["ratios"]) == {f"ray_over_channel_total_cpu_{s}" for s in call_bench.SIZES}
+    assert set(result["ratios"]) == {f"{r}_total_cpu_{s}" for s in call_bench.SIZES
+                                     for r in ("ray_over_channel", "channel_tls_over_channel")}
     assert result["command"] == "python -m benchmarks.call_bench --quick"
     for hop in call_bench.HOPS:
         for figure in ("cpu_us", "wall_us"):

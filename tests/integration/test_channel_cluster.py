@@ -31,9 +31,10 @@ def _deliver_round(cluster, prefix: str, request_id: str) -> None:
             car.close()
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["channels", "ray-calls"])
-def test_ingest_events_and_deliveries_with_and_without_channels(ray_local, tmp_path, direct):
-    cfg = fanout_config(tmp_path).replace("cluster", direct_channels=direct)
+@pytest.mark.parametrize("direct,tls", [(True, "auto"), (True, "on"), (False, "auto")],
+                         ids=["channels", "channels-tls", "ray-calls"])
+def test_ingest_events_and_deliveries_with_and_without_channels(ray_local, tmp_path, direct, tls):
+    cfg = fanout_config(tmp_path).replace("cluster", direct_channels=direct, channel_tls=tls)
     with running_cluster(cfg) as cluster:
         _deliver_round(cluster, "CH" if direct else "RC", "ch-1")
         h = _handles(cluster)
@@ -45,6 +46,10 @@ def test_ingest_events_and_deliveries_with_and_without_channels(ray_local, tmp_p
             assert all(s["channel"]["refused"] == 0 for s in shards)
             assert nodes[0]["channel"]["requests"] > 0
             assert nodes[0]["channel_fallbacks"] == 0 and all(s["channel_fallbacks"] == 0 for s in shards)
+            # "auto" on 127.0.0.1: plain TCP (the channels stay on this machine); "on": TLS, said by each callee
+            callees = [*h["dispatchers"], *h["nodes"].values(), *[r for rs in h["replicas"] for r in rs.values()]]
+            addresses = ray.get([c.channel_address.remote() for c in callees], timeout=30)
+            assert [a[3] for a in addresses] == [tls == "on"] * len(callees), addresses
         else:
             assert all(s["channel"] is None for s in shards) and nodes[0]["channel"] is None
 
