@@ -333,16 +333,49 @@ def percentile_ms(sorted_ns: list[int], q: float) -> float | None:
     return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1e6
 
 
-def run_async(coro: Awaitable[T]) -> T:
-    """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's when uvloop is missing)."""
+CANCEL_WAIT_S = 30.0
+
+
+def run_async(coro: Awaitable[T], *, cancel_wait_s: float = CANCEL_WAIT_S) -> T:
+    """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's when uvloop is missing).
+
+    Like ``asyncio.run``, but the clean-up is bounded: tasks ``coro`` left behind are cancelled and given
+    ``cancel_wait_s`` to finish, then reported by name and stack (stderr) and abandoned. ``asyncio.run`` waits
+    for them without a bound, and a uvloop loop blocked in that wait lets no Python signal handler run, so
+    neither Ctrl-C nor pytest-timeout could end it (a quick benchmark whose fleet failed hung a test run).
+    """
     try:
         import uvloop
 
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+        loop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)  # type: ignore[arg-type]
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            _cancel_left_behind(loop, cancel_wait_s)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            # a thread stuck in a blocking call would make the join wait as long: bounded as well
+            loop.run_until_complete(asyncio.wait([loop.create_task(loop.shutdown_default_executor())],
+                                                 timeout=cancel_wait_s))
+        finally:
+            loop.close()
+
+
+def _cancel_left_behind(loop: asyncio.AbstractEventLoop, wait_s: float) -> None:
+    import sys
+
+    left = asyncio.all_tasks(loop)
+    if not left:
+        return
+    for task in left:
+        task.cancel()
+    _done, stuck = loop.run_until_complete(asyncio.wait(left, timeout=wait_s))
+    for task in stuck:
+        print(f"run_async: task {task.get_name()} did not stop within {wait_s:.0f} s of its cancel; abandoned",
+              file=sys.stderr)
+        task.print_stack(file=sys.stderr)
 
 
 def paho_1to1(host: str, port: int, count: int, max_s: float, cpu_seconds: Callable[[], float]) -> dict[str, Any]:
