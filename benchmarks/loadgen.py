@@ -341,8 +341,9 @@ def run_async(coro: Awaitable[T], *, cancel_wait_s: float = CANCEL_WAIT_S) -> T:
 
     Like ``asyncio.run``, but the clean-up is bounded: tasks ``coro`` left behind are cancelled and given
     ``cancel_wait_s`` to finish, then reported by name and stack (stderr) and abandoned. ``asyncio.run`` waits
-    for them without a bound, and a uvloop loop blocked in that wait lets no Python signal handler run, so
-    neither Ctrl-C nor pytest-timeout could end it (a quick benchmark whose fleet failed hung a test run).
+    for them without a bound, and uvloop runs a signal handler as a loop callback whose exception it logs
+    instead of raising, so neither Ctrl-C nor pytest-timeout's alarm could end that wait (a quick benchmark
+    whose fleet failed hung a test run).
     """
     try:
         import uvloop
