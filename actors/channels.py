@@ -113,7 +113,7 @@ def _this_machine() -> str:
 def client_for(config: Any, service: str, handle: Any) -> ChannelClient:
     """A client of the channel ``service`` served by the actor ``handle`` (resolved via ``channel_address``)."""
 
-    async def resolve() -> tuple[str, int]:
+    async def resolve() -> tuple[Any, ...]:
         host, port, machine, *rest = await handle.channel_address.remote()
         if _is_loopback(host) and machine != _this_machine():
             # e.g. the default 127.0.0.1 on a cluster spanning machines: our own loopback is not the callee's
