@@ -70,12 +70,14 @@ class PlatformSender:
     async def __aenter__(self) -> "PlatformSender":
         from fanout.client import FanoutClient
 
+        # connect_timeout_s: a loaded benchmark machine may answer the CONNECT late; that is no failed phase
         self.client = FanoutClient(self.host, self.port, *PLATFORM_LOGIN, outbox_dir=self._tmp.name,
-                                   ack_timeout_s=self.ack_timeout_s, close_timeout_s=30.0)
+                                   ack_timeout_s=self.ack_timeout_s, close_timeout_s=30.0, connect_timeout_s=30.0)
         await self.client.start()
         if not self.client.status().connected:
-            raise RuntimeError(f"platform client cannot connect to {self.host}:{self.port}: "
-                               f"{self.client.status().last_error}")
+            error = self.client.status().last_error
+            await self.__aexit__(None, None, None)  # __aexit__ does not run when __aenter__ raises: stop its tasks
+            raise RuntimeError(f"platform client cannot connect to {self.host}:{self.port}: {error}")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

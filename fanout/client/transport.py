@@ -142,7 +142,12 @@ class BrokerConnection:
             self.abort(f"connect failed: {exc!r}")
             if isinstance(exc, ConnectFailed):
                 raise
-            raise ConnectFailed(f"cannot connect to mqtt://{host}:{port}: {exc or type(exc).__name__}") from None
+            if isinstance(exc, asyncio.TimeoutError):  # str() of a TimeoutError is empty: say what did not come
+                why = (f"no CONNACK within {timeout_s:g} s" if self._tcp_connected
+                       else f"TCP connect not done within {timeout_s:g} s")
+            else:
+                why = str(exc) or type(exc).__name__
+            raise ConnectFailed(f"cannot connect to mqtt://{host}:{port}: {why}") from None
 
     def publish(self, topic: str, payload: bytes) -> int:
         """Queue a QoS 1 PUBLISH.

@@ -159,3 +159,27 @@ async def _eventually(pred, timeout: float = 5.0) -> bool:
             return True
         await asyncio.sleep(0.02)
     return pred()
+
+
+async def test_a_server_that_never_answers_connect_is_named_in_the_error(tmp_path: Path) -> None:
+    """A listener that accepts TCP and sends no CONNACK (an overloaded or wrong server): the client's error says
+    what did not come within its connect timeout (it said "cannot connect to mqtt://...: " and nothing more)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = FanoutClient(port=port, username=PLATFORM[0], password=PLATFORM[1], outbox_dir=tmp_path / "ob",
+                          connect_timeout_s=0.3, reconnect_min_s=0.05, reconnect_max_s=0.2)
+    try:
+        await client.start()
+        assert not client.status().connected and accepted
+        assert client.status().last_error == f"cannot connect to mqtt://127.0.0.1:{port}: no CONNACK within 0.3 s"
+    finally:
+        await client.close()
+        for w in accepted:
+            w.close()
+        server.close()
+        await server.wait_closed()
