@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import threading
 import time
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
@@ -365,8 +366,6 @@ def run_async(coro: Awaitable[T], *, cancel_wait_s: float = CANCEL_WAIT_S) -> T:
 
 
 def _cancel_left_behind(loop: asyncio.AbstractEventLoop, wait_s: float) -> None:
-    import sys
-
     left = asyncio.all_tasks(loop)
     if not left:
         return

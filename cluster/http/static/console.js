@@ -198,7 +198,6 @@ async function refreshRequests() {
 }
 
 async function cancelRequest(id) {
-  requestsEpoch += 1;
   const res = await getJSON("/api/requests/" + encodeURIComponent(id) + "/cancel", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
   });
@@ -206,7 +205,7 @@ async function cancelRequest(id) {
   $("requests-action").textContent = res.status === 200
     ? `request ${id} cancelled`
     : `cancel ${id}: ${res.body && res.body.error ? res.body.error : "HTTP " + res.status}`;
-  requestsEpoch += 1;  // a poll that started while the cancel ran may have read the state before it
+  requestsEpoch += 1;  // a poll that started before this answer may have read the state before the cancel
   if (res.status === 200) showRequest(id, res.body);
 }
 
