@@ -461,7 +461,8 @@ class Dispatcher:
                 group, self._queued_writes = self._queued_writes, []
                 merged = group[0][0] if len(group) == 1 else WriteBatch([op for b, _ in group for op in b.ops])
                 try:
-                    result = await self._writer.run(self.repl.apply_local, merged)
+                    # Shipped from this thread first: the replicas apply it while the writer thread does.
+                    result = await self._writer.run(self.repl.apply_local, merged, self.repl.ship(merged))
                 except Exception as exc:
                     if len(group) == 1:
                         group[0][1].set_exception(exc)
@@ -470,7 +471,7 @@ class Dispatcher:
                                 batches=len(group), error=repr(exc))
                     for batch, done in group:  # only the faulty batch fails
                         try:
-                            r = await self._writer.run(self.repl.apply_local, batch)
+                            r = await self._writer.run(self.repl.apply_local, batch, self.repl.ship(batch))
                             self.core.applied(r.counts)
                             self.repl.settle_after_replication(r, [done])
                         except Exception as one:

@@ -65,12 +65,24 @@ class PrimaryLink:
     def epoch(self) -> int:
         return self.replicator.epoch if self.replicator is not None else self.store.epoch
 
-    def apply_local(self, batch: WriteBatch) -> Applied:
-        """Commit ``batch`` on the primary (writer thread)."""
+    def ship(self, batch: WriteBatch) -> tuple[int, bytes] | None:
+        """On the event-loop thread, just before :meth:`apply_local` of the same batch (and no other apply in
+        flight): hand it to the replicas first (:meth:`Replicator.ship`); None without replication.
+
+        Raises:
+            FencedError: a replica deposed this primary.
+        """
+        return None if self.replicator is None else self.replicator.ship(batch)
+
+    def apply_local(self, batch: WriteBatch, shipped: tuple[int, bytes] | None = None) -> Applied:
+        """Commit ``batch`` on the primary (writer thread); ``shipped`` is what :meth:`ship` returned for it."""
         if self.replicator is None:
             r = self.store.apply(batch)
             return Applied(r.counts, r.seq, None)
-        shipment = self.replicator.apply_local(batch)
+        if shipped is not None:
+            shipment = self.replicator.apply_shipped(batch, *shipped)
+        else:
+            shipment = self.replicator.apply_local(batch)
         return Applied(shipment.result.counts, shipment.seq, shipment)
 
     def settle_after_replication(self, applied: Applied, waiters: list[asyncio.Future]) -> None:

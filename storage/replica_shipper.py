@@ -3,9 +3,10 @@
 Strategy (transport-agnostic asyncio; the ``Dispatcher`` plugs in Ray handles, unit tests plug in-process
 fakes through :class:`ReplicaTransport`):
 
-- The primary ships a batch BEFORE applying it locally: on the writer thread :meth:`Replicator.apply_local`
-  serialises batch n, hands it to the event loop (appended to the bounded ``ReplicationLog``, one *pump* per
-  replica woken), then applies it as seq n. The replicas apply n while the primary does, so a write costs
+- The primary ships a batch BEFORE applying it locally: :meth:`Replicator.ship` on the event loop serialises
+  batch n, appends it to the bounded ``ReplicationLog`` and wakes one *pump* per replica, then the writer
+  thread applies it as seq n (:meth:`Replicator.apply_shipped`; :meth:`Replicator.apply_local` does both from
+  the writer thread, handing the batch to the loop first). The replicas apply n while the primary does, so a write costs
   max(local apply, replica round trip) instead of their sum; and the writer does not wait for replicas
   before applying n+1 either (pipelining). If the local apply fails after shipping, the entry is retracted
   and every replica is reinstalled from a snapshot (it may have applied a batch the primary never did; this
@@ -118,10 +119,7 @@ class Replicator:
             raise self._fenced
         store = self.primary.store
         seq = store.applied_seq + 1  # this thread is the store's only writer: the seq is known before applying
-        for op in batch.ops:
-            if op[0] == ENQUEUE:
-                op[4].sort()  # the local apply sorts these in place anyway; shipped sorted, replicas insert in key order
-        data = batch.to_bytes()
+        data = self._serialise(batch)
         loop = self._loop
         if loop is not None:  # ship first (see the module docstring); the loop appends in call order = seq order
             loop.call_soon_threadsafe(self._logged, seq, data)
@@ -132,6 +130,48 @@ class Replicator:
                 loop.call_soon_threadsafe(self._retract, seq)
             raise
         return Shipment(self.epoch, result.seq, data, result)
+
+    def ship(self, batch: Any) -> tuple[int, bytes]:
+        """On the event-loop thread, before the writer thread applies ``batch``: serialise it, log it as the next
+        seq and wake the pumps, so the replicas start on it while the primary applies it.
+
+        Why not from the writer thread, as :meth:`apply_local` does: its hand-over reaches the loop only once the
+        loop thread gets the GIL back, which the writer thread holds through the batch's Python work (until
+        LMDB's commit releases it), so the replicas started later than the primary (``docs/profile.md``, ninth
+        round). Call it only when no other apply is in flight (the dispatcher's group commit runs one at a
+        time), so ``applied_seq + 1`` is the seq.
+
+        Returns:
+            ``(seq, bytes)`` for :meth:`apply_shipped`.
+
+        Raises:
+            FencedError: a replica deposed this primary.
+        """
+        if self._fenced is not None:
+            raise self._fenced
+        seq = self.primary.store.applied_seq + 1
+        data = self._serialise(batch)
+        self._logged(seq, data)
+        return seq, data
+
+    def apply_shipped(self, batch: Any, seq: int, data: bytes) -> Shipment:
+        """On the writer thread: apply a batch :meth:`ship` logged as ``seq`` (retracted if the apply fails)."""
+        try:
+            result = self.primary.store.apply(batch, seq=seq, epoch=self.primary.epoch)
+        except BaseException:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._retract, seq)
+            else:  # no loop given: the caller runs everything on one thread
+                self._retract(seq)
+            raise
+        return Shipment(self.epoch, result.seq, data, result)
+
+    @staticmethod
+    def _serialise(batch: Any) -> bytes:
+        for op in batch.ops:
+            if op[0] == ENQUEUE:
+                op[4].sort()  # the local apply sorts these in place anyway; shipped sorted, replicas insert in key order
+        return batch.to_bytes()
 
     def _logged(self, seq: int, data: bytes) -> None:
         plog = self.primary.log
