@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from fanout.mqtt.settings import AclRule, ConfigError, MQTTSettings, UserConfig
 from fanout.topics.settings import parse_topics, spec_toml
-from fanout.units import UnitError, format_duration_ms, format_size_bytes, parse_duration_ms, parse_size_bytes
+from fanout.units import duration_parser, format_duration_ms, format_size_bytes, size_parser
 
 ROLES = ("platform", "vehicle", "client", "admin")
 ACL_ACTIONS = ("publish", "subscribe")
@@ -65,32 +65,8 @@ def _str(choices: tuple[str, ...] | None = None, nonempty: bool = True) -> Calla
     return parse
 
 
-def _duration(lo_ms: int = 0) -> Callable[[Any], int]:
-    def parse(v: Any) -> int:
-        try:
-            ms = parse_duration_ms(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        if ms < lo_ms:
-            raise ValueError(f"must be at least {format_duration_ms(lo_ms)}, got {v!r}")
-        return ms
-
-    return parse
-
-
-def _size(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
-    def parse(v: Any) -> int:
-        try:
-            n = parse_size_bytes(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        if n < lo:
-            raise ValueError(f"must be at least {format_size_bytes(lo)}, got {v!r}")
-        if hi is not None and n > hi:
-            raise ValueError(f"must be at most {format_size_bytes(hi)}, got {v!r}")
-        return n
-
-    return parse
+_duration = duration_parser
+_size = size_parser
 
 
 def _fraction(lo: float = 0.0, hi: float = 1.0) -> Callable[[Any], float]:

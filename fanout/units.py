@@ -6,6 +6,7 @@ numbers whose names carry the unit (``retention_ms``, ``max_packet_size_bytes``)
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
 
 _DURATION_MS = {"ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _SIZE_BYTES = {
@@ -73,3 +74,32 @@ def format_size_bytes(n: int) -> str:
         if n and n % factor == 0:
             return f"{n // factor}{unit}"
     return f"{n}B"
+
+
+def duration_parser(lo_ms: int = 0, hi_ms: int | None = None) -> Callable[[Any], int]:
+    """A config value parser: a duration (``"7d"``, or seconds as a number) in milliseconds within the bounds.
+
+    The parser raises ValueError with what was wrong (the config loader adds the key's name).
+    """
+    return _bounded(parse_duration_ms, format_duration_ms, lo_ms, hi_ms)
+
+
+def size_parser(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
+    """A config value parser: a size (``"1GiB"``, or bytes as a number) in bytes within the bounds."""
+    return _bounded(parse_size_bytes, format_size_bytes, lo, hi)
+
+
+def _bounded(parse_unit: Callable[[Any], int], shown: Callable[[int], str], lo: int,
+             hi: int | None) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            n = parse_unit(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        if n < lo:
+            raise ValueError(f"must be at least {shown(lo)}, got {value!r}")
+        if hi is not None and n > hi:
+            raise ValueError(f"must be at most {shown(hi)}, got {value!r}")
+        return n
+
+    return parse

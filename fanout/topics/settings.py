@@ -23,7 +23,7 @@ from typing import Any
 
 from fanout.mqtt.settings import ConfigError
 from fanout.mqtt.topics import InvalidTopic, validate_topic_filter
-from fanout.units import UnitError, parse_duration_ms, parse_size_bytes
+from fanout.units import duration_parser, size_parser
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 RECEIPTS = "receipts"  # storage.topics.RECEIPTS (not imported here: the storage package costs ~0.2 s to import)
@@ -77,21 +77,9 @@ def check_partitions(n: Any) -> int:
     return n
 
 
-def _at_least(parse: Any, lo: int, shown: str) -> Any:
-    def check(value: Any) -> int:
-        try:
-            n = parse(value)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        if n < lo:
-            raise ValueError(f"must be at least {shown}, got {value!r}")
-        return n
 
-    return check
-
-
-retention_ms = _at_least(parse_duration_ms, 1000, "1s")
-retention_bytes = _at_least(parse_size_bytes, 1024, "1KiB")
+retention_ms = duration_parser(1000)
+retention_bytes = size_parser(1024)
 
 
 def make_spec(name: Any, topic_filter: Any, partitions: Any = 0, retention: Any = DEFAULT_RETENTION,

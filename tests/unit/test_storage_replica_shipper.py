@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -224,52 +225,22 @@ def test_replica_that_saw_a_newer_epoch_fences_the_old_primary(env):
             await write(rep, 1)
         with pytest.raises(FencedError):
             rep.apply_local(sample_batch(2))  # and it refuses further local writes
+        with pytest.raises(FencedError):
+            rep.ship(sample_batch(2))  # nor ships one from the loop
+        assert rep.primary.log.last_seq == 1  # the first write's entry only
         rep.close()
 
     run(main())
     assert replicas[0].applier.applied_seq == 0
 
 
-def test_shipped_before_local_apply_and_a_failed_local_apply_reinstalls_replicas(env, monkeypatch):
-    """Early shipping: with the loop given, replicas receive batch n while the primary applies it. A local apply
-    that fails after shipping retracts n; a replica that applied it is reinstalled by snapshot, so its tables
-    equal the primary's again (it never keeps a batch the primary does not have)."""
-    store, replicas = env
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        rep = Replicator(ShardPrimary(store, 1, ReplicationLog(store.applied_seq)), min_acks=1, timeout_s=1.0,
-                         expect_replicas=True, loop=loop)
-        rep.set_replicas({"a": replicas[0]})
-        for i in range(1, 4):
-            shipment = await loop.run_in_executor(None, rep.apply_local, sample_batch(i))
-            assert await rep.shipped(shipment) == i
-        real_apply = store.apply
-
-        def failing_apply(batch, **kw):
-            import time as _t
-            _t.sleep(0.3)  # the replica applies the shipped batch meanwhile
-            raise StoreError("disk full (test)")
-
-        from storage import StoreError
-        monkeypatch.setattr(store, "apply", failing_apply)
-        with pytest.raises(StoreError):
-            await loop.run_in_executor(None, rep.apply_local, sample_batch(4))
-        monkeypatch.setattr(store, "apply", real_apply)
-        await asyncio.sleep(0)
-        assert rep.primary.log.last_seq == 3
-        shipment = await loop.run_in_executor(None, rep.apply_local, sample_batch(5))
-        assert await rep.shipped(shipment) == 4
-        rep.close()
-
-    run(main())
-    assert table_digests(store) == table_digests(replicas[0].applier.store)
-
-
-def test_shipped_from_the_loop_reaches_the_replica_before_the_local_apply_ends(env, monkeypatch):
-    """``ship`` on the loop, then ``apply_shipped`` on a thread (the dispatcher's group commit): the replica holds
-    batch n before the primary's apply of n returns; a failed apply retracts n and the replica is reinstalled,
-    so both stores end equal and the next write takes seq n again."""
+@pytest.mark.parametrize("shipper", ["writer_thread", "loop"])
+def test_shipped_before_local_apply_and_a_failed_local_apply_reinstalls_replicas(env, monkeypatch, shipper):
+    """Early shipping: replicas receive batch n while the primary applies it, whether the writer thread hands it
+    to the loop (``apply_local``) or the loop ships it before handing the apply over (``ship`` +
+    ``apply_shipped``, the dispatcher's way). A local apply that fails after shipping retracts n; a replica that
+    applied it is reinstalled by snapshot, so its tables equal the primary's again (it never keeps a batch the
+    primary does not have), and the next write takes seq n again."""
     from storage import StoreError
 
     store, replicas = env
@@ -279,57 +250,37 @@ def test_shipped_from_the_loop_reaches_the_replica_before_the_local_apply_ends(e
         rep = Replicator(ShardPrimary(store, 1, ReplicationLog(store.applied_seq)), min_acks=1, timeout_s=1.0,
                          expect_replicas=True, loop=loop)
         rep.set_replicas({"a": replicas[0]})
+
+        async def apply(batch):
+            if shipper == "loop":
+                return await loop.run_in_executor(None, rep.apply_shipped, batch, *rep.ship(batch))
+            return await loop.run_in_executor(None, rep.apply_local, batch)
+
         real_apply = store.apply
         seen_by_replica = []
 
         def slow_apply(batch, **kw):
-            import time as _t
-            _t.sleep(0.3)  # the replica applies the shipped batch meanwhile (the loop runs its pump)
+            time.sleep(0.3)  # the replica applies the shipped batch meanwhile (the loop runs its pump)
             seen_by_replica.append(replicas[0].applier.applied_seq)
             return real_apply(batch, **kw)
 
-        monkeypatch.setattr(store, "apply", slow_apply)
-        for i in range(1, 4):
-            batch = sample_batch(i)
-            shipped = rep.ship(batch)
-            assert shipped[0] == i
-            shipment = await loop.run_in_executor(None, rep.apply_shipped, batch, *shipped)
-            assert await rep.shipped(shipment) == i
-        assert seen_by_replica == [1, 2, 3]  # each batch was on the replica before its local apply ended
-
         def failing_apply(batch, **kw):
+            time.sleep(0.3)  # as above: the replica holds the batch the primary then fails to apply
             raise StoreError("disk full (test)")
 
+        monkeypatch.setattr(store, "apply", slow_apply)
+        for i in range(1, 4):
+            assert await rep.shipped(await apply(sample_batch(i))) == i
+        assert seen_by_replica == [1, 2, 3]  # each batch was on the replica before its local apply ended
         monkeypatch.setattr(store, "apply", failing_apply)
-        batch = sample_batch(4)
-        shipped = rep.ship(batch)
         with pytest.raises(StoreError):
-            await loop.run_in_executor(None, rep.apply_shipped, batch, *shipped)
+            await apply(sample_batch(4))
         monkeypatch.setattr(store, "apply", real_apply)
         await asyncio.sleep(0)
         assert rep.primary.log.last_seq == 3
-        batch = sample_batch(5)
-        shipped = rep.ship(batch)
-        assert shipped[0] == 4
-        assert await rep.shipped(await loop.run_in_executor(None, rep.apply_shipped, batch, *shipped)) == 4
+        assert await rep.shipped(await apply(sample_batch(5))) == 4
         rep.close()
 
     run(main())
     assert table_digests(store) == table_digests(replicas[0].applier.store)
 
-
-def test_a_fenced_primary_ships_nothing(env):
-    store, replicas = env
-    replicas[0].applier.hello(5)
-
-    async def main():
-        rep = make(store, min_acks=1, timeout_s=1.0, epoch=2)
-        rep.set_replicas({"a": replicas[0]})
-        with pytest.raises(FencedError):
-            await write(rep, 1)
-        with pytest.raises(FencedError):
-            rep.ship(sample_batch(2))
-        assert rep.primary.log.last_seq == 1  # the first write's entry only
-        rep.close()
-
-    run(main())
