@@ -6,7 +6,7 @@ the noise of a shared machine. The loop plays the two actors the way they run in
 round the vehicles' PUBACKs reach the broker, the node ships its event batches, each dispatcher applies
 them, drains, writes its deletes in one batch and returns one deliver batch per node.
 
-    python -m benchmarks.hotpath_bench [--vehicles 10000] [--requests 10] [--chunk 2000] [--profile node|dispatcher]
+    python -m benchmarks.hotpath_bench [--vehicles 10000] [--requests 10] [--chunk 2000] [--shards 2] [--sync] [--profile]
 
 ``--chunk`` caps the vehicles whose acks are in one round (the production tick coalesces ~1-3k).
 """
