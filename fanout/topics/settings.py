@@ -77,7 +77,6 @@ def check_partitions(n: Any) -> int:
     return n
 
 
-
 retention_ms = duration_parser(1000)
 retention_bytes = size_parser(1024)
 
