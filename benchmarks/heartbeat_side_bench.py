@@ -11,8 +11,11 @@ cores; no sockets, no Ray.
 Deterministic under load: instructions per heartbeat from two runs under callgrind,
 ``(Ir(4 rounds) - Ir(2 rounds)) / (2 x VEHICLES)`` (the set-up cancels out)::
 
-    valgrind --tool=callgrind python -m benchmarks.heartbeat_side_bench x 2000 2   # "Collected : Ir"
-    valgrind --tool=callgrind python -m benchmarks.heartbeat_side_bench x 2000 4
+    valgrind --tool=callgrind python -m benchmarks.heartbeat_side_bench x 10000 2   # "Collected : Ir"
+    valgrind --tool=callgrind python -m benchmarks.heartbeat_side_bench x 10000 4
+
+Use as many vehicles as the storm has (10,000): with fewer, every per-topic cache fits and a cache that
+thrashes at fleet size goes unseen (docs/profile.md, tenth round).
 
 ``--profile`` prints cProfile's top functions of the measured rounds (it inflates the figures several
 times). It uses ``hotpath_bench.HotPath`` and its measuring helpers: to run it on an older commit, copy

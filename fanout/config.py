@@ -135,6 +135,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_write_buffer": Field("max_write_buffer_bytes", "8MiB", _size(64 * 1024), "bytes waiting to be written to a client that does not read; past it the connection is closed (a persistent session stays, within max_session_bytes)"),
         "max_retained_messages": Field("max_retained_messages", 10_000, _int(0), "retained topics kept ($SYS excluded); a new retained topic past it is delivered but not retained"),
         "max_retained_bytes": Field("max_retained_bytes", "64MiB", _size(0), "topic + payload bytes of retained messages kept ($SYS excluded); a retained message that does not fit is delivered but not retained, and removes the topic's previous one"),
+        "match_cache_entries": Field("match_cache_entries", 65_536, _int(1, 10_000_000), "topic names whose matching subscribers a node keeps (~200 bytes each), cleared on every subscription change; past it the newest is evicted. Size it to the distinct topics published per node (each vehicle's heartbeat, online, response...)"),
         "max_inflight": Field("max_inflight", 32, _int(1, 65535), "unacked outbound QoS 1/2 messages per session before queueing"),
         "max_sessions": Field("max_sessions", 2_000_000, _int(1), "persistent sessions kept"),
         "session_expiry": Field("session_expiry_ms", "2h", _duration(0), "drop a disconnected persistent session after this (0 = never)"),

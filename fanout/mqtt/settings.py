@@ -83,6 +83,7 @@ class MQTTSettings:
         max_write_buffer_bytes: bytes waiting to be written to one client before it is disconnected.
         max_retained_messages: retained topics kept (``$SYS`` excluded).
         max_retained_bytes: topic + payload bytes of retained messages kept (``$SYS`` excluded).
+        match_cache_entries: topic names whose subscribers a node keeps matched (cleared on subscription changes).
         receive_maximum: MQTT 5 CONNACK Receive Maximum: unacknowledged QoS 1/2 PUBLISHes from one client.
         topic_alias_maximum: MQTT 5 CONNACK Topic Alias Maximum: aliases one client may set (0 = none).
         max_keepalive_ms: MQTT 5 Server Keep Alive cap (0 = the client's keep alive stands).
@@ -126,6 +127,7 @@ class MQTTSettings:
     max_write_buffer_bytes: int
     max_retained_messages: int
     max_retained_bytes: int
+    match_cache_entries: int
     receive_maximum: int
     topic_alias_maximum: int
     max_keepalive_ms: int

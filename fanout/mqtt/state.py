@@ -50,7 +50,8 @@ class BrokerState:
         trie: subscriptions (filter -> client id -> granted QoS).
         retained: the retained messages.
         offline: client ids of persistent sessions without a connection, oldest disconnect first.
-        match_cache: topic -> {client id: granted QoS}, cleared on every subscription change.
+        match_cache: topic -> {client id: granted QoS}, cleared on every subscription change; at most
+            ``settings.match_cache_entries`` (see :meth:`fanout.mqtt.delivery.Delivery.match`).
         wheel: connect-timeout and keepalive deadlines.
         dirty: connections with output (or a close) pending for the next flush.
         events: hook events pending for the next flush (None without hooks).

@@ -140,6 +140,29 @@ def test_publish_to_a_topic_over_the_bounds_is_acknowledged_not_delivered_not_ca
     assert _hits(net)["topic_levels"] == 1
 
 
+def test_match_cache_is_bounded_and_a_topic_spray_churns_one_slot():
+    net = Net(mqtt={"match_cache_entries": 8})
+    cache = net.broker.state.match_cache
+    sub = net.client()
+    sub.connect("s")
+    sub.subscribe(("t/#", 0))
+    pub = net.client()
+    pub.connect("p")
+    pub.send(*(Publish(f"t/{i}", b"x", 0) for i in range(8)))
+    assert sorted(cache) == [f"t/{i}" for i in range(8)]
+    pub.send(*(Publish(f"spray/{i}", b"x", 0) for i in range(100)))  # nobody reads these
+    assert len(cache) == 8
+    assert {f"t/{i}" for i in range(7)} <= set(cache)  # what was resident stays; one slot churned
+    pub.send(Publish("t/7", b"y", 0))  # evicted: matched again, still delivered
+    assert [(p.topic, p.payload) for p in sub.take() if isinstance(p, Publish)][-1] == ("t/7", b"y")
+    late = net.client()
+    late.connect("late")
+    late.subscribe(("t/0", 0))  # a subscription change empties the cache: no stale recipients
+    assert cache == {}
+    pub.send(Publish("t/0", b"z", 0))
+    assert [p.topic for p in late.take() if isinstance(p, Publish)] == ["t/0"]
+
+
 def test_will_topic_over_the_bounds_refuses_the_connect():
     from fanout.mqtt.packets import Will
 
