@@ -108,7 +108,8 @@ class NodeCore(BrokerHooks):
         wall = (lambda: clock_us() // 1000) if clock_us is not None else (lambda: time.time_ns() // 1_000_000)
         self.ingest = IngestRounds(config, link, wall_ms=wall)
         self._link = link
-        self.durable = DurableTopics(self.shards, config.topics if config is not None else ())
+        self.durable = (DurableTopics(self.shards, config.topics, config.mqtt.match_cache_entries) if config is not None
+                        else DurableTopics(self.shards))
         self.durable_topic = self.durable.matches  # asked by the broker per publish (BrokerHooks.durable_topic)
         self.appends = TopicAppends(self.durable, *((config.fanout.max_pending_appends,
                                                      config.fanout.max_pending_append_bytes) if config is not None else ()),

@@ -7,8 +7,8 @@ level, a matching topic ends with one of those levels (``str.endswith`` of a tup
 rebuilds the trie. The partition is :func:`storage.topics.partition_for` (the VIN level where the filter has
 one, so a vehicle's messages stay in order in one partition).
 
-The names a topic matched are remembered per topic (:data:`MATCHED_MAX` topics, then forgotten all at once,
-like the broker's ACL cache): a publisher sends on the same few topics again and again, and the walk was
+The names a topic matched are remembered per topic (``mqtt.match_cache_entries`` topics, the broker's match
+cache's bound; past it the newest is evicted, as there): a publisher sends on the same few topics again and again, and the walk was
 the largest single item of a durable publish on the node (``trie.match``, ~10 % of the node's in-process
 cost per appended message). So are its targets when no partition of them depends on the client id (each
 matched topic is keyed by a level of the published topic, the VIN of ``ecp/<VIN>/response``).
@@ -21,7 +21,7 @@ from fanout.mqtt.trie import SubscriptionTrie
 from fanout.topics.settings import RECEIPTS
 
 
-MATCHED_MAX = 4096  # topics whose matched names are remembered (past it: forgotten, then refilled)
+MATCHED_MAX = 65_536  # topics whose matched names are remembered, unless told (``mqtt.match_cache_entries``)
 
 
 class DurableTopics:
@@ -31,12 +31,14 @@ class DurableTopics:
         shards: the store shard count (``partitions = 0`` means one partition per shard).
         specs: initial :class:`storage.topics.TopicSpec` (the built-in ``receipts`` is skipped: the store
             appends to it).
+        memo_entries: topics whose matched names (and, apart, targets) are remembered.
     """
 
-    def __init__(self, shards: int, specs: Iterable[Any] = ()) -> None:
+    def __init__(self, shards: int, specs: Iterable[Any] = (), memo_entries: int = MATCHED_MAX) -> None:
         from storage.topics import partition_for, shard_of_partition
 
         self.shards = shards
+        self._memo_entries = memo_entries
         self._partition_for = partition_for
         self._shard_of = shard_of_partition
         self._trie: SubscriptionTrie[str] = SubscriptionTrie()
@@ -79,7 +81,7 @@ class DurableTopics:
 
     def _walk(self, topic: str) -> dict[str, int]:
         names = self._trie.match(topic)
-        _remember(self._matched, topic, names)
+        _remember(self._matched, topic, names, self._memo_entries)
         return names
 
     def targets(self, topic: str, client_id: str) -> list[tuple[str, int, int]]:
@@ -100,15 +102,16 @@ class DurableTopics:
             p = self._partition_for(spec, topic, client_id, self.shards)
             out.append((name, p, self._shard_of(p, self.shards)))
         if by_topic:
-            _remember(self._targets, topic, out)
+            _remember(self._targets, topic, out, self._memo_entries)
         return out
 
 
-def _remember(memo: dict[str, Any], topic: str, value: Any) -> None:
-    """``memo[topic] = value``, bounded: at :data:`MATCHED_MAX` topics (a fleet's response topics) the memo is
-    forgotten and refills with the topics in use."""
-    if len(memo) >= MATCHED_MAX:
-        memo.clear()
+def _remember(memo: dict[str, Any], topic: str, value: Any, bound: int) -> None:
+    """``memo[topic] = value``, at most ``bound`` topics: past it the newest is evicted. A fleet's response
+    topics (one per vehicle) come round in turn; emptying a full memo made every one of them miss once the
+    fleet outgrew it, evicting the newest keeps the resident part hitting (as the broker's match cache)."""
+    if len(memo) >= bound:
+        memo.popitem()
     memo[topic] = value
 
 

@@ -53,9 +53,14 @@ def test_matched_names_are_remembered_per_topic_bounded_and_forgotten_when_topic
     assert d._matched == {} and d.targets("ecp/V1/response", "c") == [] and not d.matches("ecp/V1/response")
     d.set_specs([RESP])
     assert d.matches("ecp/V1/response") and [t[0] for t in d.targets("ecp/V1/response", "c")] == ["responses"]
-    for i in range(matcher.MATCHED_MAX + 10):  # a fleet's worth of topics: bounded
-        assert d.matches(f"ecp/X{i}/response")
-    assert len(d._matched) <= matcher.MATCHED_MAX
+    small = DurableTopics(2, [RESP], memo_entries=16)
+    fleet = [f"ecp/X{i}/response" for i in range(40)]
+    for _ in range(2):  # a fleet larger than the memo, publishing in turn: bounded, the resident part kept
+        for t in fleet:
+            assert small.matches(t) and small.targets(t, "c")[0][0] == "responses"
+        assert len(small._matched) == 16 and len(small._targets) == 16
+    assert set(fleet[:15]) <= set(small._matched) and set(fleet[:15]) <= set(small._targets)
+    assert DurableTopics(2, [RESP])._memo_entries == matcher.MATCHED_MAX
     assert [t[0] for t in d.targets("ecp/X1/response", "c")] == ["responses"]  # forgotten, then walked again
     # a topic that passes the last-level check but matches nothing is remembered as matching nothing
     d.set_specs([RESP, TopicSpec.build("fleet", "fleet/+/response")])
