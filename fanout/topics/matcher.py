@@ -7,10 +7,10 @@ level, a matching topic ends with one of those levels (``str.endswith`` of a tup
 rebuilds the trie. The partition is :func:`storage.topics.partition_for` (the VIN level where the filter has
 one, so a vehicle's messages stay in order in one partition).
 
-The names a topic matched are remembered per topic (``mqtt.match_cache_entries`` topics, the broker's match
-cache's bound; past it the newest is evicted, as there): a publisher sends on the same few topics again and again, and the walk was
-the largest single item of a durable publish on the node (``trie.match``, ~10 % of the node's in-process
-cost per appended message). So are its targets when no partition of them depends on the client id (each
+The names a topic matched are remembered per topic (``mqtt.match_cache_entries`` topics, the bound of the
+broker's match cache; past it the newest is evicted, as there): a publisher sends on the same few topics again
+and again, and the walk was the largest single item of a durable publish on the node (``trie.match``, ~10 % of
+the node's in-process cost per appended message). So are its targets when no partition of them depends on the client id (each
 matched topic is keyed by a level of the published topic, the VIN of ``ecp/<VIN>/response``).
 """
 from __future__ import annotations
