@@ -101,6 +101,7 @@ class Sizes:
     idle_s: float
     quiet_wait_s: float
     payload_size: int = 256
+    listeners: int = 1  # this cluster's mqtt.listeners_per_node (listener processes sharing the port)
 
 
 FULL = Sizes(vehicles=10_000, requests=10, fanout_repeats=1, hb_vehicles=10_000, hb_rate=5_000.0, hb_window_s=10.0,
@@ -407,8 +408,8 @@ async def storm_phase(target: Any, s: Sizes, *, idle_per_s: float) -> dict[str, 
 PHASES: tuple[str, ...] = ("fanout", "heartbeat_storm", "connection_storm")
 
 
-def _server(system: str) -> Any:
-    return EmbeddedCluster() if system == "fanout" else PeerBroker(system)
+def _server(system: str, s: Sizes) -> Any:
+    return EmbeddedCluster(listeners_per_node=s.listeners) if system == "fanout" else PeerBroker(system)
 
 
 def _describe(target: Any) -> dict[str, Any]:
@@ -443,7 +444,7 @@ def bench(systems: Sequence[str], s: Sizes, errors: dict[str, str],
         targets: dict[str, Any] = {}
         for system in systems:
             try:
-                targets[system] = stack.enter_context(_server(system))
+                targets[system] = stack.enter_context(_server(system, s))
             except Exception as exc:  # the server did not start (e.g. Mosquitto not installed)
                 errors[f"{system} server"] = f"{type(exc).__name__}: {exc}"
                 log(NAME, f"{system}: FAILED {errors[f'{system} server']}")
@@ -642,6 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="fanout requests")
     parser.add_argument("--repeats", type=int, default=None, help="fanout runs per system (median reported)")
     parser.add_argument("--storm-concurrency", type=int, default=None, help="handshakes in flight in the storm")
+    parser.add_argument("--listeners", type=int, default=None,
+                        help="this cluster's mqtt.listeners_per_node (default 1, the default config's)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="py-spy the cluster's node, dispatchers and replicas in the fanout and storm phases; "
                              "raw stacks + meta.json per phase under DIR (see docs/profile.md)")
@@ -649,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     PROFILE["dir"] = args.profile
     s = QUICK if args.quick else FULL
     changes = {k: v for k, v in (("vehicles", args.vehicles), ("hb_vehicles", args.vehicles), ("requests", args.requests),
-                                 ("fanout_repeats", args.repeats), ("storm_concurrency", args.storm_concurrency))
+                                 ("fanout_repeats", args.repeats), ("storm_concurrency", args.storm_concurrency), ("listeners", args.listeners))
                if v is not None}
     result = run(args.quick, out_dir=args.out_dir, systems=args.systems, sizes=replace(s, **changes) if changes else s,
                  phases=args.phases)

@@ -12,6 +12,12 @@ prefix is built once per batch; the entry's bytes around the VIN (envelope, msgp
 (request, data id, status, time, VIN length), since a tick acknowledges many rows of few requests at one time and a
 VIN's bytes are the same in the topic and in the payload, so a receipt is one concatenation; the entries go to the
 log in one ``putmulti`` and the counter is written once per batch.
+
+Log pages (:func:`put_log`): a partition's new entries sort after all of its old ones, and usually after every key of
+the table (by default a shard holds one partition of each topic, and many deployments have one topic: ``receipts``),
+so they are put with LMDB's MDB_APPEND, which fills each leaf page before starting the next one. An ordinary put
+splits a full leaf in the middle, so an append-only log kept its pages half full: ~1 KiB messages two to a 4 KiB
+page instead of three, and every commit wrote and synced that many more pages, on the primary and on each replica.
 """
 from __future__ import annotations
 
@@ -19,8 +25,11 @@ import json
 from typing import Any
 
 import lmdb
+import structlog
 
 from storage import keys, topics
+
+log = structlog.get_logger(__name__)
 
 _U64 = topics._U64
 _pack = topics.pack
@@ -110,7 +119,7 @@ class TopicTally:
     def write_pending(self, txn: lmdb.Transaction) -> None:
         """Put the receipts appended so far into the log (one C-level ``putmulti``)."""
         if self._pending:
-            txn.cursor(self._dbs.topic_log).putmulti(self._pending)
+            put_log(txn.cursor(self._dbs.topic_log), self._pending)
             self._pending.clear()
 
     def flush(self, txn: lmdb.Transaction) -> None:
@@ -156,10 +165,25 @@ def topic_append(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: T
     prefix = topics.partition_prefix(topic, partition)
     first = tt.take(txn, prefix, len(entries))
     pack, u64 = topics.pack, _U64.pack
-    txn.cursor(dbs.topic_log).putmulti(
-        [(prefix + u64(first + i), pack([ts_ms, *entry])) for i, entry in enumerate(entries)])
+    put_log(txn.cursor(dbs.topic_log),
+            [(prefix + u64(first + i), pack([ts_ms, *entry])) for i, entry in enumerate(entries)])
     tt.ranges.append((topic, partition, first, first + len(entries) - 1))
     _inc(counts, "topic_appended", len(entries))
+
+
+def put_log(cur: lmdb.Cursor, entries: list[tuple[bytes, bytes]]) -> None:
+    """Put ``entries`` (keys ascending, none stored yet) into the ``topic_log`` table of ``cur``: appended (MDB_APPEND,
+    full pages) when all of them sort after the table's last key, else by ordinary puts."""
+    if not entries:
+        return
+    if cur.last() and cur.key() >= entries[0][0]:
+        cur.putmulti(entries)
+        return
+    if cur.putmulti(entries, append=True)[1] != len(entries):
+        # MDB_APPEND skips, without an error, a key that does not sort after the last one; entries out of order
+        # are a caller's bug, but none may be lost for it: the ordinary put stores what the append skipped.
+        log.error("topic log entries not in key order: stored by ordinary puts", entries=len(entries))
+        cur.putmulti(entries)
 
 
 def topic_commit(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:

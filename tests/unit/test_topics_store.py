@@ -309,3 +309,53 @@ def test_read_many_in_one_transaction_and_the_partitions_of_a_topic(store):
     assert [[e.offset for e in part] for part in got] == [[2, 3], [1, 2], []]
     assert store.topic_partitions("resp") == {0: (2, 5), 4: (0, 3)}
     assert store.topic_partitions("resp2") == {0: (0, 2)} and store.topic_partitions("nope") == {}
+
+
+# -- log pages (storage.topic_apply.put_log) ----------------------------------------------------------------
+def _log_pages(store) -> dict:
+    return store._read(lambda txn: txn.stat(store._dbs.topic_log))
+
+
+def test_kilobyte_messages_fill_the_log_pages_of_the_last_partition(store):
+    """~1 KiB entries: three to a 4 KiB leaf when appended (MDB_APPEND), two when every full leaf is split in
+    the middle (the ordinary put, before put_log)."""
+    body = bytes(range(256)) * 4
+    for start in range(0, 600, 30):
+        store.apply(WriteBatch().topic_append("resp", 0, T0, [("ecp/V1/response", "V1", 1, body + b"%d" % (start + i),
+                                                               None) for i in range(30)]))
+    stat = _log_pages(store)
+    assert stat["entries"] == 600
+    assert stat["leaf_pages"] <= 600 // 3 + 2, stat  # the ordinary put made 300
+    got = store.topic_read("resp", 0, 0, 1000, max_bytes=1 << 30)
+    assert [e.offset for e in got] == list(range(600)) and got[599].payload == body + b"599"
+
+
+def test_appends_to_partitions_that_are_not_the_last_keep_every_entry_in_order(store):
+    """Partitions written in turn: only the table's last range takes MDB_APPEND; the others the ordinary put."""
+    for round_ in range(5):
+        b = WriteBatch()
+        for topic, partition in (("zz", 0), ("resp", 1), ("resp", 0), ("aa", 3)):
+            b.topic_append(topic, partition, T0, [entry(round_ * 10 + i) for i in range(10)])
+        store.apply(b)
+    for topic, partition in (("zz", 0), ("resp", 1), ("resp", 0), ("aa", 3)):
+        got = store.topic_read(topic, partition, 0, 100)
+        assert [e.offset for e in got] == list(range(50))
+        assert [e.payload for e in got] == [f"m{i}".encode() for i in range(50)]
+    assert _log_pages(store)["entries"] == 200
+
+
+def test_put_log_stores_entries_out_of_key_order_by_ordinary_puts(tmp_path):
+    """MDB_APPEND skips a key that does not sort after the last one without an error: put_log must not lose it."""
+    from storage.topic_apply import put_log
+
+    env = lmdb.open(str(tmp_path / "env"), max_dbs=1)
+    db = env.open_db(b"log")
+    try:
+        with capture_logs() as logs, env.begin(write=True) as txn:
+            put_log(txn.cursor(db), [(b"b", b"2"), (b"a", b"1"), (b"c", b"3")])
+        with env.begin() as txn:
+            assert list(txn.cursor(db)) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+            "topic log entries not in key order: stored by ordinary puts"]
+    finally:
+        env.close()
