@@ -5,7 +5,13 @@ Strategy:
 - Filters without wildcards (the common case here: a vehicle subscribes to its own topics) live in a
   plain dict ``filter -> {key: qos}``; a topic with no wildcard subscriber in the way costs one dict
   lookup and one small dict copy.
-- Filters with ``+``/``#`` live in a trie of levels. ``+`` is an ordinary child named ``+``; a filter
+- Filters whose one wildcard is their last level after literal ones (``P/+``, ``P/#``: a vehicle's
+  ``agent/<VIN>/#`` or ``agent/<VIN>/proxy/request/+``) live in two dicts keyed by ``P``. In the trie each
+  such filter made a chain of nodes of its own below the VIN level (four nodes and their dicts for
+  ``agent/<VIN>/proxy/request/+``, ~8 us per SUBSCRIBE, and memory per connected vehicle); here it is one
+  dict entry. A topic finds its ``P/+`` subscribers by one look-up (the topic up to its last ``/``) and its
+  ``P/#`` subscribers by one per distinct level count of the ``P``s present (usually one).
+- Other filters with ``+``/``#`` live in a trie of levels. ``+`` is an ordinary child named ``+``; a filter
   ending in ``#`` is stored on the node of its parent level (``multi``), which makes "``a/#`` matches
   ``a``" (MQTT-4.7.1-2) fall out of the walk: every node the walk reaches contributes its ``multi``.
   At the first level, ``+`` children and the root's ``multi`` are skipped for topics starting with
@@ -25,11 +31,11 @@ K = TypeVar("K", bound=Hashable)
 
 
 class _Unused(dict):
-    """What an unused dict of a node holds until its first write (one shared instance, :data:`_NONE`): each
-    vehicle's "agent/<VIN>/#" makes a node that only ever needs ``multi``, so two empty dicts (64 bytes each, and
-    their allocation per connect) are not made. Reads are a plain empty dict's; a write raises, so a write site
-    that forgets to make the node's own dict first fails instead of changing every node. Pickles (and copies) as
-    the shared instance."""
+    """What an unused dict of a node holds until its first write (one shared instance, :data:`_NONE`): most nodes
+    need one of their three dicts (a per-vehicle "+/<VIN>/#" makes a node that only ever needs ``multi``), so the
+    other empty dicts (64 bytes each, and their allocation per subscribe) are not made. Reads are a plain empty
+    dict's; a write raises, so a write site that forgets to make the node's own dict first fails instead of
+    changing every node. Pickles (and copies) as the shared instance."""
 
     __slots__ = ()
 
@@ -61,6 +67,20 @@ class _Node:
         return not (self.children or self.subs or self.multi)
 
 
+def _tail_of(topic_filter: str) -> tuple[str, bool] | None:
+    """``(P, is "#")`` of a valid filter ``P/+`` or ``P/#`` whose levels before the last are literal (P not
+    empty); None for any other filter (those go to the trie)."""
+    if len(topic_filter) < 3 or topic_filter[-2] != "/":
+        return None
+    last = topic_filter[-1]
+    if last != "+" and last != "#":
+        return None
+    prefix = topic_filter[:-2]
+    if "+" in prefix or "#" in prefix:
+        return None
+    return prefix, last == "#"
+
+
 def _merge_max(result: dict, subs: dict) -> None:
     if not result:
         result.update(subs)
@@ -74,12 +94,15 @@ def _merge_max(result: dict, subs: dict) -> None:
 class SubscriptionTrie(Generic[K]):
     """Topic filter index over hashable subscriber keys (client ids, node ids, ...)."""
 
-    __slots__ = ("_exact", "_root", "_wild", "_by_key", "_count")
+    __slots__ = ("_exact", "_plus", "_multi", "_multi_depths", "_root", "_wild", "_by_key", "_count")
 
     def __init__(self) -> None:
         self._exact: dict[str, dict[K, int]] = {}
+        self._plus: dict[str, dict[K, int]] = {}  # "P/+" -> P -> subscribers (see the module docstring)
+        self._multi: dict[str, dict[K, int]] = {}  # "P/#" -> P -> subscribers
+        self._multi_depths: dict[int, int] = {}  # levels of a P of _multi -> how many such P
         self._root = _Node()
-        self._wild: dict[str, int] = {}  # wildcard filter -> number of subscribers
+        self._wild: dict[str, int] = {}  # wildcard filter in the trie -> number of subscribers
         self._by_key: dict[K, dict[str, int]] = {}
         self._count = 0
 
@@ -113,7 +136,19 @@ class SubscriptionTrie(Generic[K]):
             if not validated:
                 validate_topic_filter(topic_filter)
             is_new = True
-        if "+" in topic_filter or "#" in topic_filter:
+        wild = "+" in topic_filter or "#" in topic_filter
+        tail = _tail_of(topic_filter) if wild else None
+        if tail is not None:
+            prefix, multi = tail
+            index = self._multi if multi else self._plus
+            subs = index.get(prefix)
+            if subs is None:
+                subs = index[prefix] = {}
+                if multi:
+                    depth = prefix.count("/") + 1
+                    self._multi_depths[depth] = self._multi_depths.get(depth, 0) + 1
+            subs[key] = qos
+        elif wild:
             node = self._root
             levels = topic_filter.split("/")
             last = len(levels) - 1
@@ -166,13 +201,31 @@ class SubscriptionTrie(Generic[K]):
             del self._by_key[key]
         self._count -= 1
         if "+" in topic_filter or "#" in topic_filter:
-            self._remove_wild(topic_filter, key)
+            tail = _tail_of(topic_filter)
+            if tail is None:
+                self._remove_wild(topic_filter, key)
+            else:
+                self._remove_tail(*tail, key)
         else:
             subs = self._exact[topic_filter]
             del subs[key]
             if not subs:
                 del self._exact[topic_filter]
         return True
+
+    def _remove_tail(self, prefix: str, multi: bool, key: K) -> None:
+        index = self._multi if multi else self._plus
+        subs = index[prefix]
+        del subs[key]
+        if not subs:
+            del index[prefix]
+            if multi:
+                depth = prefix.count("/") + 1
+                left = self._multi_depths[depth] - 1
+                if left:
+                    self._multi_depths[depth] = left
+                else:
+                    del self._multi_depths[depth]
 
     def _remove_wild(self, topic_filter: str, key: K) -> None:
         levels = topic_filter.split("/")
@@ -216,7 +269,7 @@ class SubscriptionTrie(Generic[K]):
 
     def filters(self) -> Iterator[str]:
         """Iterate over the distinct filters with at least one subscriber (snapshot)."""
-        return iter([*self._exact, *self._wild])
+        return iter([*self._exact, *(p + "/+" for p in self._plus), *(p + "/#" for p in self._multi), *self._wild])
 
     def keys(self) -> Iterator[K]:
         """Iterate over the subscriber keys with at least one subscription (snapshot)."""
@@ -233,6 +286,15 @@ class SubscriptionTrie(Generic[K]):
         """
         exact = self._exact.get(topic)
         result: dict[K, int] = dict(exact) if exact else {}
+        if self._plus:
+            cut = topic.rfind("/")
+            if cut >= 0:
+                subs = self._plus.get(topic[:cut])
+                if subs:
+                    _merge_max(result, subs)
+        if self._multi:
+            for subs in self._multi_matches(topic):
+                _merge_max(result, subs)
         if not self._wild:
             return result
         root = self._root
@@ -275,10 +337,38 @@ class SubscriptionTrie(Generic[K]):
                 _merge_max(result, node.multi)  # "a/#" matches "a" (MQTT-4.7.1-2)
         return result
 
+    def _multi_matches(self, topic: str) -> Iterator[dict[K, int]]:
+        """The subscribers of each ``P/#`` matching ``topic``: ``P`` is the topic's first ``depth`` levels, for
+        each level count ``depth`` of a ``P`` present, and "``P/#`` matches ``P``" (MQTT-4.7.1-2)."""
+        multi = self._multi
+        for depth in self._multi_depths:
+            pos = -1
+            found = 0
+            while found < depth:
+                pos = topic.find("/", pos + 1)
+                if pos < 0:
+                    break
+                found += 1
+            if found == depth:
+                subs = multi.get(topic[:pos])
+            elif found == depth - 1:  # the topic has exactly ``depth`` levels: it is a P itself
+                subs = multi.get(topic)
+            else:
+                continue
+            if subs:
+                yield subs
+
     def has_match(self, topic: str) -> bool:
         """Tell whether any subscriber matches the topic (cheaper than :meth:`match`)."""
         if topic in self._exact:
             return True
+        if self._plus:
+            cut = topic.rfind("/")
+            if cut >= 0 and topic[:cut] in self._plus:
+                return True
+        if self._multi:
+            for _ in self._multi_matches(topic):
+                return True
         if not self._wild:
             return False
         dollar = topic[:1] == "$"

@@ -162,24 +162,50 @@ def test_match_equals_brute_force(subs, removals, topics):
     for key in ("k1", "k2", "k3"):
         t.remove_all(key)
     assert len(t) == 0 and t._root.empty() and not list(t.filters())
+    assert not t._plus and not t._multi and not t._multi_depths  # the tail index is emptied as well
     assert len(trie_module._NONE) == 0  # the shared read-only stand-in for an unused dict was never written
 
 
-def test_a_vehicle_filter_node_holds_only_the_dict_it_uses():
-    # "agent/<VIN>/#" makes one node per vehicle that only ever needs ``multi``: its ``children`` and ``subs``
-    # stay the shared read-only stand-in (two empty dicts less per connected vehicle), which refuses writes.
+def test_a_trie_node_holds_only_the_dict_it_uses():
+    # "+/<VIN>/#" makes one node per vehicle that only ever needs ``multi``: its ``children`` and ``subs`` stay
+    # the shared read-only stand-in (two empty dicts less per node), which refuses writes.
     t: SubscriptionTrie[str] = SubscriptionTrie()
-    t.add("agent/VIN00000000000001/#", "VIN00000000000001", 1)
-    node = t._root.children["agent"].children["VIN00000000000001"]
+    t.add("+/VIN00000000000001/#", "VIN00000000000001", 1)
+    node = t._root.children["+"].children["VIN00000000000001"]
     assert node.multi == {"VIN00000000000001": 1}
     assert node.children is trie_module._NONE and node.subs is trie_module._NONE
     with pytest.raises(TypeError):
         trie_module._NONE["x"] = 1
-    t.add("agent/VIN00000000000001/in", "VIN00000000000001", 0)  # exact: not in the trie
-    t.add("agent/VIN00000000000001/+", "VIN00000000000001", 0)
-    assert node.children["+"].subs == {"VIN00000000000001": 0}
-    assert t.match("agent/VIN00000000000001/x") == {"VIN00000000000001": 1}
+    t.add("+/VIN00000000000001/+/x", "VIN00000000000001", 0)
+    assert node.children["+"].children["x"].subs == {"VIN00000000000001": 0}
+    assert t.match("agent/VIN00000000000001/y/x") == {"VIN00000000000001": 1}
     copied = pickle.loads(pickle.dumps(t))  # pickles (and copies) with the shared stand-in, not a new dict
-    vehicle = copied._root.children["agent"].children["VIN00000000000001"]
+    vehicle = copied._root.children["+"].children["VIN00000000000001"]
     assert vehicle.subs is trie_module._NONE and copied.match("agent/VIN00000000000001/y") == t.match(
         "agent/VIN00000000000001/y")
+
+
+def test_a_vehicle_filter_with_its_wildcard_last_makes_no_trie_node():
+    """``agent/<VIN>/#`` and ``agent/<VIN>/proxy/request/+`` are one dict entry each (keyed by the literal part),
+    not a chain of trie nodes per vehicle; they match, are listed and are removed like any filter."""
+    t: SubscriptionTrie[str] = SubscriptionTrie()
+    for i in range(3):
+        vin = f"VIN{i:014d}"
+        assert t.add(f"agent/{vin}/#", vin, 1) and t.add(f"agent/{vin}/proxy/request/+", vin, 0)
+    t.add("$SYS/broker/#", "admin", 0)
+    t.add("agent/VIN00000000000001/#", "VIN00000000000001", 2)  # a repeat replaces the QoS
+    assert t._root.empty() and not t._wild
+    assert t.match("agent/VIN00000000000001") == {"VIN00000000000001": 2}  # "P/#" matches P
+    assert t.match("agent/VIN00000000000001/proxy/request/r1") == {"VIN00000000000001": 2}
+    assert t.match("agent/VIN00000000000000/proxy/request/r1") == {"VIN00000000000000": 1}
+    assert t.match("agent/VIN00000000000000/proxy/request") == {"VIN00000000000000": 1}
+    assert t.match("agent/VIN000000000000") == {} and not t.has_match("agent/VIN0000000000000")
+    assert t.match("$SYS/broker/uptime") == {"admin": 0} and t.has_match("$SYS/broker")
+    assert len(t) == 7 and "agent/VIN00000000000002/proxy/request/+" in set(t.filters())
+    copied = pickle.loads(pickle.dumps(t))
+    assert copied.match("agent/VIN00000000000002/x") == {"VIN00000000000002": 1}
+    assert t.remove_all("VIN00000000000001") == 2
+    assert t.match("agent/VIN00000000000001/proxy/request/r1") == {}
+    for key in ("VIN00000000000000", "VIN00000000000002", "admin"):
+        t.remove_all(key)
+    assert not t._plus and not t._multi and not t._multi_depths and not list(t.filters())
