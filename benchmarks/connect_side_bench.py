@@ -1,9 +1,9 @@
 """The node side of a vehicle connect alone, for A/B runs on a loaded machine: hotpath_bench's node (NodeCore +
 broker core, real LMDB dispatcher cores behind a LocalShardLink) takes what the compiled fleet's connection
-storm sends (CONNECT, SUBSCRIBE ``agent/<VIN>/#``, PUBLISH ``ecp/<VIN>/online``) for ``chunk`` vehicles at a
-time, the way a node tick coalesces them: the CONNECTs, the presence events to the dispatcher cores, the held
-CONNACKs released, then the SUBSCRIBEs and the online publishes and their events. Prints process-CPU µs per
-connect of the node side and of the dispatcher cores; no sockets, no Ray.
+storm sends (CONNECT, SUBSCRIBE ``agent/<VIN>/proxy/request/+``, PUBLISH ``ecp/<VIN>/online``) for ``chunk``
+vehicles at a time, the way a node tick coalesces them: the CONNECTs, the presence events to the dispatcher
+cores, the held CONNACKs released, then the SUBSCRIBEs and the online publishes and their events. Prints
+process-CPU µs per connect of the node side and of the dispatcher cores; no sockets, no Ray.
 
     python -m benchmarks.connect_side_bench LABEL VEHICLES [CHUNK] [--profile]
 
@@ -29,7 +29,8 @@ async def run(vehicles: int, chunk: int, profile: bool = False) -> tuple[float, 
     with tempfile.TemporaryDirectory(prefix="connect-side-") as d:
         hp = hb.HotPath(Path(d), vehicles, 2, False)
         broker, edge, cores = hp.broker, hp.edge, hp.cores
-        packets = {v: (encode(Connect(v, True, 60, None, None, None)), encode(Subscribe(1, ((f"agent/{v}/#", 1),))),
+        packets = {v: (encode(Connect(v, True, 60, None, None, None)),
+                       encode(Subscribe(1, ((f"agent/{v}/proxy/request/+", 1),))),  # the filter cfleet subscribes
                        encode(Publish(f"ecp/{v}/online", b"1", 0, False, False, None))) for v in hp.vins}
         prof = hb.start_measuring(profile)
         pc = time.process_time
