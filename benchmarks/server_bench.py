@@ -652,7 +652,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     PROFILE["dir"] = args.profile
     s = QUICK if args.quick else FULL
     changes = {k: v for k, v in (("vehicles", args.vehicles), ("hb_vehicles", args.vehicles), ("requests", args.requests),
-                                 ("fanout_repeats", args.repeats), ("storm_concurrency", args.storm_concurrency), ("listeners", args.listeners))
+                                 ("fanout_repeats", args.repeats), ("storm_concurrency", args.storm_concurrency),
+                                 ("listeners", args.listeners))
                if v is not None}
     result = run(args.quick, out_dir=args.out_dir, systems=args.systems, sizes=replace(s, **changes) if changes else s,
                  phases=args.phases)

@@ -287,11 +287,9 @@ class SubscriptionTrie(Generic[K]):
         exact = self._exact.get(topic)
         result: dict[K, int] = dict(exact) if exact else {}
         if self._plus:
-            cut = topic.rfind("/")
-            if cut >= 0:
-                subs = self._plus.get(topic[:cut])
-                if subs:
-                    _merge_max(result, subs)
+            subs = self._plus_match(topic)
+            if subs:
+                _merge_max(result, subs)
         if self._multi:
             for subs in self._multi_matches(topic):
                 _merge_max(result, subs)
@@ -337,6 +335,11 @@ class SubscriptionTrie(Generic[K]):
                 _merge_max(result, node.multi)  # "a/#" matches "a" (MQTT-4.7.1-2)
         return result
 
+    def _plus_match(self, topic: str) -> dict[K, int] | None:
+        """The subscribers of the ``P/+`` matching ``topic`` (``P`` = the topic up to its last ``/``), or None."""
+        cut = topic.rfind("/")
+        return self._plus.get(topic[:cut]) if cut >= 0 else None
+
     def _multi_matches(self, topic: str) -> Iterator[dict[K, int]]:
         """The subscribers of each ``P/#`` matching ``topic``: ``P`` is the topic's first ``depth`` levels, for
         each level count ``depth`` of a ``P`` present, and "``P/#`` matches ``P``" (MQTT-4.7.1-2)."""
@@ -362,10 +365,8 @@ class SubscriptionTrie(Generic[K]):
         """Tell whether any subscriber matches the topic (cheaper than :meth:`match`)."""
         if topic in self._exact:
             return True
-        if self._plus:
-            cut = topic.rfind("/")
-            if cut >= 0 and topic[:cut] in self._plus:
-                return True
+        if self._plus and self._plus_match(topic):  # a P's dict is dropped when its last subscriber goes
+            return True
         if self._multi:
             for _ in self._multi_matches(topic):
                 return True

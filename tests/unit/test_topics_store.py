@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from storage import ShardStore, StoreError, WriteBatch, tables, topics
 from storage.replication_protocol import Ack, ReplicaApplier
+from storage.topic_apply import put_log
 from storage.topics import RECEIPTS, LogEntry, TopicSpec
 
 T0 = 1_700_000_000_000
@@ -346,8 +347,6 @@ def test_appends_to_partitions_that_are_not_the_last_keep_every_entry_in_order(s
 
 def test_put_log_stores_entries_out_of_key_order_by_ordinary_puts(tmp_path):
     """MDB_APPEND skips a key that does not sort after the last one without an error: put_log must not lose it."""
-    from storage.topic_apply import put_log
-
     env = lmdb.open(str(tmp_path / "env"), max_dbs=1)
     db = env.open_db(b"log")
     try:
