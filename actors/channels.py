@@ -210,7 +210,7 @@ class ServedChannel:
         return (*self.server.address, _this_machine(), self.server.ssl is not None)
 
     def stats(self) -> dict[str, int] | None:
-        return dict(self.server.stats) if self.server is not None else None
+        return self.server.figures() if self.server is not None else None
 
     async def close(self) -> None:
         if self.server is not None:

@@ -115,6 +115,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tls_key": Field("tls_key", "", _str(nonempty=False), "PEM private key of tls_cert"),
         "tls_ca": Field("tls_ca", "", _str(nonempty=False), "PEM CA bundle that client certificates must chain to"),
         "tls_client_auth": Field("tls_client_auth", "none", _str(("none", "optional", "required")), "client certificates: none, optional (verified if presented) or required"),
+        "max_tls_handshakes": Field("max_tls_handshakes", 1024, _int(1, 1_000_000), "TLS handshakes in progress at once per listener process (mqtts and wss together; each holds ~50 KiB until done or connect_timeout); a connection past it is closed at once, counted in $SYS/broker/limits/tls_handshakes"),
         "anonymous_role": Field("anonymous_role", "client", _str(ROLES + ("none",)), "role of clients without username ('none' refuses them)"),
         "cert_role": Field("cert_role", "vehicle", _str(ROLES), "role of a verified client certificate whose CN names no [users.NAME] (a vehicle's client id must equal its CN)"),
         "max_connect_size": Field("max_connect_size_bytes", "64KiB", _size(64), "largest CONNECT accepted, before authentication; larger closes the connection"),
@@ -451,7 +452,8 @@ def listener_settings(config: Config) -> Any:
     if m.tls_cert and m.tls_key:
         tls = TLSSettings(cert_file=m.tls_cert, key_file=m.tls_key, ca_file=m.tls_ca or None,
                           client_auth=m.tls_client_auth)
-    return ListenerSettings(tls_port=m.tls_port, ws_port=m.ws_port, wss_port=m.wss_port, tls=tls)
+    return ListenerSettings(tls_port=m.tls_port, ws_port=m.ws_port, wss_port=m.wss_port, tls=tls,
+                            max_tls_handshakes=m.max_tls_handshakes)
 
 
 # MQTTSettings fields that do not come from the [mqtt] section of the same name

@@ -21,8 +21,11 @@ Families (``_total`` is added by the exposition for counters):
 - GC: ``fanout_gc_cycles_total{result}``, ``fanout_gc_cycle_duration_seconds`` (summary of completed
   cycles), ``fanout_gc_last_cycle_stage_seconds{stage}``, ``fanout_gc_deleted_total``;
 - per node and per shard: ``fanout_channel_requests_total``, ``fanout_channel_refused_total``,
-  ``fanout_channel_protocol_errors_total``, ``fanout_channel_fallbacks_total`` (the direct channels,
+  ``fanout_channel_tls_failed_total`` (TLS channels), ``fanout_channel_protocol_errors_total``,
+  ``fanout_channel_fallbacks_total`` (the direct channels,
   :mod:`actors.channels`);
+- ``fanout_http_tls_handshakes_total{outcome}`` and ``fanout_http_tls_handshakes_running``: the controller's
+  HTTPS listener (``completed``, ``failed/certificate``, ``failed/protocol``, ``abandoned``, ``refused``);
 - ``fanout_requests{state}``: requests per lifecycle state (``active``: rows pending; ``done``; ``cancelled``;
   ``expired``), from the per-request counters (:mod:`actors.requests`);
 - ``fanout_metrics_collect_seconds``: how long gathering this snapshot took.
@@ -54,6 +57,8 @@ CHANNEL_FIGURES: tuple[tuple[str, str, str, str], ...] = (
     ("channel.requests", "fanout_channel_requests", "counter", "Calls served over the actor's direct channel."),
     ("channel.refused", "fanout_channel_refused", "counter",
      "Direct-channel connections refused: no proof of the cluster secret, another service, handshake timeout."),
+    ("channel.tls_failed", "fanout_channel_tls_failed", "counter",
+     "Direct-channel TLS handshakes that did not complete: certificate, protocol, timeout, over the bound."),
     ("channel.protocol_errors", "fanout_channel_protocol_errors", "counter",
      "Direct-channel connections closed for a malformed or oversize frame."),
     ("channel_fallbacks", "fanout_channel_fallbacks", "counter",
@@ -85,6 +90,16 @@ SYS_METRICS: dict[str, tuple[str, str, str]] = {
     "retained messages/count": ("fanout_broker_retained_messages", "gauge", "Retained messages held."),
     "heap/current": ("fanout_broker_heap_bytes", "gauge", "Resident memory of the node process."),
     "uptime": ("fanout_broker_uptime_seconds", "gauge", "Seconds since the node's broker started."),
+    "tls/handshakes/running": ("fanout_broker_tls_handshakes_running", "gauge", "TLS handshakes in progress."),
+    "tls/handshakes/completed": ("fanout_broker_tls_handshakes_completed", "counter", "TLS handshakes completed."),
+    "tls/handshakes/failed/certificate": ("fanout_broker_tls_handshakes_failed_certificate", "counter",
+                                          "TLS handshakes failed: client certificate refused (CA, expiry)."),
+    "tls/handshakes/failed/protocol": ("fanout_broker_tls_handshakes_failed_protocol", "counter",
+                                       "TLS handshakes failed: not TLS, old version, no shared cipher, alert."),
+    "tls/handshakes/abandoned": ("fanout_broker_tls_handshakes_abandoned", "counter",
+                                 "TLS handshakes never finished (timeout, or the client left)."),
+    "tls/handshakes/refused": ("fanout_broker_tls_handshakes_refused", "counter",
+                               "TLS connections closed at accept: mqtt.max_tls_handshakes in progress."),
 }
 _SYS_PREFIX = "$SYS/broker/"
 _NAME_JUNK = re.compile(r"[^a-zA-Z0-9_]+")
@@ -125,7 +140,7 @@ class SnapshotCollector:
 
     Args:
         snapshot: ``{"status": ..., "sys": {node: {topic: value}}, "gc": {...}, "collect_s": float,
-            "http_auth_failures": int, "requests": {state: n} | None}``.
+            "http_auth_failures": int, "requests": {state: n} | None, "http_tls": {outcome: n} | None}``.
     """
 
     def __init__(self, snapshot: dict[str, Any]) -> None:
@@ -138,6 +153,16 @@ class SnapshotCollector:
         yield from self._nodes(status, snap.get("http_auth_failures", 0))
         yield from self._sys(snap.get("sys") or {})
         yield from self._gc(snap.get("gc") or {})
+        http_tls = snap.get("http_tls")
+        if http_tls:  # fanout.mqtt.tls_handshakes.HandshakeStats.figures of the HTTPS listener
+            fam = CounterMetricFamily("fanout_http_tls_handshakes", "HTTPS handshakes of the controller's "
+                                      "listener by outcome.", labels=["outcome"])
+            for outcome, n in sorted(http_tls.items()):
+                if outcome != "running":
+                    fam.add_metric([outcome], n)
+            yield fam
+            yield GaugeMetricFamily("fanout_http_tls_handshakes_running", "HTTPS handshakes in progress.",
+                                    value=http_tls.get("running", 0))
         requests = snap.get("requests")
         if requests is not None:
             fam = GaugeMetricFamily("fanout_requests", "Requests by lifecycle state.", labels=["state"])

@@ -10,7 +10,8 @@ thread).
 Bounds: at most :data:`MAX_CONNECTIONS` connections (more get ``503`` and are closed), request line and
 header fields <= 8 KiB, at most :data:`MAX_HEADERS` header lines, request bodies <= :data:`MAX_BODY_BYTES`,
 an idle or never-completed connection closed after :data:`KEEPALIVE_S`, TLS handshakes bounded by
-:data:`TLS_HANDSHAKE_S`, every route bounded by ``routes.ROUTE_TIMEOUT_S``.
+:data:`TLS_HANDSHAKE_S` each and at most :data:`MAX_CONNECTIONS` at once (counted by outcome,
+:mod:`fanout.mqtt.tls_handshakes`), every route bounded by ``routes.ROUTE_TIMEOUT_S``.
 
 ``/metrics`` scrapes are single-flight: a scrape arriving while one is being gathered shares its result,
 so many scrapers (or console tabs) cost the nodes and shards one round of calls.
@@ -24,6 +25,8 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+
+from fanout.mqtt.tls_handshakes import HandshakeStats
 
 from .auth import HttpAuth, tls_context
 from .metrics import render
@@ -73,6 +76,7 @@ class HttpService:
         self.auth: HttpAuth = None  # type: ignore[assignment]  # set by start(), before the first request
         self.url: str | None = None
         self.refused_connections = 0
+        self.handshakes: HandshakeStats | None = None  # with TLS: how the listener's handshakes ended
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
         self._scrape: asyncio.Future | None = None
@@ -86,6 +90,9 @@ class HttpService:
         """
         self.auth = HttpAuth(self.config)
         ssl_ctx = tls_context(self.config)
+        if ssl_ctx is not None:
+            self.handshakes = HandshakeStats("http", MAX_CONNECTIONS, "cluster.http.service.MAX_CONNECTIONS")
+            self.handshakes.install(ssl_ctx)
         runner = web.AppRunner(build_app(self, max_body_bytes=MAX_BODY_BYTES), handle_signals=False,
                                access_log=None, keepalive_timeout=KEEPALIVE_S, max_headers=MAX_HEADERS,
                                max_line_size=MAX_FIELD_BYTES, max_field_size=MAX_FIELD_BYTES,
@@ -147,6 +154,7 @@ class HttpService:
         except NotImplementedError:
             snapshot["requests"] = None
         snapshot["http_auth_failures"] = self.auth.failures
+        snapshot["http_tls"] = self.handshakes.figures() if self.handshakes is not None else None
         snapshot["collect_s"] = time.perf_counter() - started
         return snapshot
 

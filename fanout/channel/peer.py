@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import structlog
 
+from ..mqtt.tls_handshakes import HandshakeStats
 from . import frames as fr
 
 log = structlog.get_logger(__name__)
@@ -31,6 +32,9 @@ HANDSHAKE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_MAX_FRAME = 80 << 20
 DEFAULT_MAX_INFLIGHT = 1024
+# TLS handshakes in progress at once per channel server: a cluster opens one connection per caller actor
+# and callee, so more than this at once is a stranger (fanout.mqtt.tls_handshakes)
+MAX_TLS_HANDSHAKES = 256
 _PICKLE = pickle.HIGHEST_PROTOCOL
 _HELLO_BYTES = len(fr.MAGIC) + fr.NONCE_BYTES
 _REPLY_HEAD = fr.NONCE_BYTES + fr.PROOF_BYTES + 1
@@ -71,6 +75,19 @@ class ChannelServer:
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_ServerConnection] = set()
         self.stats = {"connections": 0, "refused": 0, "requests": 0, "protocol_errors": 0}
+        self.handshakes: HandshakeStats | None = None  # a TLS channel's handshakes, by outcome
+        if ssl is not None:
+            self.handshakes = HandshakeStats("channel", MAX_TLS_HANDSHAKES, "fanout.channel.peer.MAX_TLS_HANDSHAKES")
+            self.handshakes.install(ssl)
+
+    def figures(self) -> dict[str, int]:
+        """:attr:`stats`, plus on a TLS channel ``tls_failed``: handshakes that did not complete (refused
+        certificate, protocol error, timeout or the peer left, over :data:`MAX_TLS_HANDSHAKES`)."""
+        out = dict(self.stats)
+        hs = self.handshakes
+        if hs is not None:
+            out["tls_failed"] = sum(hs.failures.values()) + hs.abandoned + hs.refused
+        return out
 
     async def start(self, host: str, port: int = 0) -> tuple[str, int]:
         """Listen on ``host:port`` (0 = any free port); the bound ``(host, port)``.

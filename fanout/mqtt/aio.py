@@ -52,6 +52,7 @@ from .hooks import BrokerHooks
 from .peer import Peer
 from .settings import MQTTSettings
 from .tls import ListenerSettings, ServerTLS, verified_cn
+from .tls_handshakes import HandshakeStats
 from .websocket import MQTT_PATH, WebSocketStream
 
 log = structlog.get_logger(__name__)
@@ -312,6 +313,14 @@ class MQTTServer:
         self._lingering = False  # set by stop(drain=True): closed connections half-close and drain
         self.listeners = listeners or ListenerSettings()
         self.tls = ServerTLS(self.listeners.tls) if self.listeners.tls is not None else None
+        self.handshakes: HandshakeStats | None = None  # outcomes of the TLS listeners' handshakes
+        if self.tls is not None:
+            caps = self.broker.state.caps
+            self.handshakes = HandshakeStats(
+                "mqtt", self.listeners.max_tls_handshakes, "mqtt.max_tls_handshakes",
+                on_refused=lambda: caps.hit("tls_handshakes", running=self.listeners.max_tls_handshakes))
+            self.handshakes.install(self.tls.listener_context)
+            self.broker.sys.add_source(self.handshakes.sys_values)
         self._extra: list[tuple[str, asyncio.base_events.Server]] = []  # (scheme, server) of extra listeners
 
     @property

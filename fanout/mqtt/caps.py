@@ -30,6 +30,7 @@ CAPS: dict[str, str] = {
     "write_buffer": "mqtt.max_write_buffer",
     "retained_messages": "mqtt.max_retained_messages",
     "retained_bytes": "mqtt.max_retained_bytes",
+    "tls_handshakes": "mqtt.max_tls_handshakes",
 }
 
 

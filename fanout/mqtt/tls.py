@@ -62,12 +62,15 @@ class ListenerSettings:
         ws_port: MQTT over WebSocket (``ws://H:P/mqtt``).
         wss_port: MQTT over WebSocket over TLS (``wss://H:P/mqtt``).
         tls: certificates for ``tls_port`` and ``wss_port`` (required when either is on).
+        max_tls_handshakes: handshakes in progress at once on ``tls_port`` and ``wss_port`` together
+            (``mqtt.max_tls_handshakes``, :mod:`fanout.tls_handshakes`).
     """
 
     tls_port: int = 0
     ws_port: int = 0
     wss_port: int = 0
     tls: TLSSettings | None = None
+    max_tls_handshakes: int = 1024
 
     def __post_init__(self) -> None:
         for key in ("tls_port", "wss_port"):

@@ -156,6 +156,19 @@ class Peer:
             self.sock.close()
 
 
+def sys_value(port: int, name: str) -> int:
+    """The retained ``$SYS/broker/<name>`` value, read by a new client over the plain listener on ``port``."""
+    peer = Peer(port)
+    try:
+        assert peer.connect(f"sys-{time.monotonic_ns()}").return_code == 0
+        peer.subscribe((f"$SYS/broker/{name}", 0))
+        p = peer.recv(timeout=5)
+        assert isinstance(p, Publish), p
+        return int(p.payload)
+    finally:
+        peer.close()
+
+
 class GoodTraffic:
     """A QoS 1 subscriber and publisher that behave; run them while an attack runs, then :meth:`check`."""
 

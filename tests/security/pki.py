@@ -88,14 +88,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
 
 
 def tls_config(pki: PKI, path: Path, *, client_auth: str = "none", schemes: tuple[str, ...] = ("mqtts",),
-               cert: Path | None = None, key: Path | None = None, cert_role: str = "client", extra: str = "") -> Path:
-    """Write a broker TOML with the listeners of ``schemes`` on free ports and the test certificates.
+               cert: Path | None = None, key: Path | None = None, cert_role: str = "client", extra: str = "",
+               sys_interval: str = "0s") -> Path:
+    """Write a broker TOML with the listeners of ``schemes`` on free ports and the test certificates
+    (``extra``: more ``[mqtt]`` lines, or further sections).
 
     ``cert_role`` defaults to ``client`` here (the product default is ``vehicle``): these tests are about
     the transport, so a certificate holder may use any topic; the vehicle binding has its own test.
     """
     ports = {s: free_port() for s in schemes}
-    lines = ["[mqtt]", 'sys_interval = "0s"', f'cert_role = "{cert_role}"',
+    lines = ["[mqtt]", f'sys_interval = "{sys_interval}"', f'cert_role = "{cert_role}"',
              f'tls_cert = "{cert or pki.server_cert}"', f'tls_key = "{key or pki.server_key}"',
              f'tls_ca = "{pki.ca_file}"', f'tls_client_auth = "{client_auth}"']
     lines += [f"{ {'mqtts': 'tls_port', 'ws': 'ws_port', 'wss': 'wss_port'}[s]} = {p}" for s, p in ports.items()]

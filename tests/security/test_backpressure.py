@@ -17,7 +17,7 @@ import pytest
 
 from fanout.mqtt.packets import Connack, Puback, Publish
 
-from .conftest import SLACK_MIB, MiB, Peer, watched
+from .conftest import SLACK_MIB, MiB, Peer, sys_value, watched
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,19 +26,6 @@ BUDGET = {"max_queued_bytes": f"{BUDGET_MIB}MiB", "offline_queued_fraction": 0.2
           "backpressure_low_fraction": 0.5, "max_session_bytes": "64MiB", "max_offline_messages": 100_000,
           "sys_interval": "1s"}
 PAYLOAD = 64 * 1024
-
-
-def _sys(port: int, name: str) -> int:
-    """The retained ``$SYS/broker/<name>`` value."""
-    peer = Peer(port)
-    try:
-        assert peer.connect(f"sys-{time.monotonic_ns()}").return_code == 0
-        peer.subscribe((f"$SYS/broker/{name}", 0))
-        p = peer.recv(timeout=5)
-        assert isinstance(p, Publish), p
-        return int(p.payload)
-    finally:
-        peer.close()
 
 
 def _flood(port: int, topic: str, count: int) -> tuple[threading.Thread, list[float]]:
@@ -95,12 +82,12 @@ def test_fast_publisher_is_paused_for_a_slow_subscriber(fanout_broker):
     assert got == [b"%06d" % i for i in range(count)], f"{count - len(got)} QoS 1 messages lost or reordered"
     assert took, "the publisher did not finish"
     time.sleep(1.5)  # the next $SYS publish
-    pauses, episodes = _sys(broker.port, "backpressure/pauses"), _sys(broker.port, "backpressure/episodes")
+    pauses, episodes = sys_value(broker.port, "backpressure/pauses"), sys_value(broker.port, "backpressure/episodes")
     print(f"\n{count} x {PAYLOAD} B in {took[0]:.2f} s, {episodes} episodes, {pauses} pauses, "
           f"RSS peak {rss.growth_mib:+.1f} MiB")
     assert pauses >= 1 and episodes >= 1
-    assert _sys(broker.port, "publish/messages/dropped") == 0
-    assert _sys(broker.port, "limits/queued_bytes") == 0
+    assert sys_value(broker.port, "publish/messages/dropped") == 0
+    assert sys_value(broker.port, "limits/queued_bytes") == 0
     assert rss.growth_mib < BUDGET_MIB + 2 * SLACK_MIB, f"RSS peak grew {rss.growth_mib:.1f} MiB"
     sub.close()
 
@@ -118,10 +105,10 @@ def test_offline_session_filling_its_part_pauses_nobody(fanout_broker):
         flood.join(60)
     assert took, "the publisher did not finish"
     time.sleep(1.5)
-    assert _sys(broker.port, "backpressure/episodes") == 0
-    assert _sys(broker.port, "backpressure/pauses") == 0
-    assert _sys(broker.port, "limits/offline_queued_bytes") > 0
-    assert _sys(broker.port, "messages/queued/offline bytes") <= BUDGET_MIB * MiB // 4
+    assert sys_value(broker.port, "backpressure/episodes") == 0
+    assert sys_value(broker.port, "backpressure/pauses") == 0
+    assert sys_value(broker.port, "limits/offline_queued_bytes") > 0
+    assert sys_value(broker.port, "messages/queued/offline bytes") <= BUDGET_MIB * MiB // 4
     back = Peer(broker.port)
     assert back.connect("away", clean=False) == Connack(True, 0)
     kept = [p.payload[:6] for p in back.take_publishes(quiet_s=2.0)]

@@ -7,6 +7,7 @@ clear (the check that it can see them at all), with TLS it does not."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -61,6 +62,17 @@ class Relay:
         await self.server.wait_closed()
 
 
+async def _tls_failed(server: ChannelServer, at_least: int = 1) -> int:
+    """``tls_failed`` once it reaches ``at_least`` (asyncio's own loop frees an abandoned handshake's SSL
+    object at a garbage collection; uvloop at once)."""
+    for _ in range(100):
+        gc.collect()
+        if (n := server.figures()["tls_failed"]) >= at_least:
+            return n
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"tls_failed stayed at {server.figures()['tls_failed']}")
+
+
 async def _server(ctx) -> tuple[ChannelServer, list]:
     seen: list = []
 
@@ -108,6 +120,7 @@ async def test_a_client_accepts_the_clusters_certificate_only(identity):
         with pytest.raises(ChannelError, match="CERTIFICATE_VERIFY_FAILED"):
             await client.call("echo", MARKER)
         assert seen == [] and server.stats["requests"] == 0
+        assert await _tls_failed(server) >= 1  # the server counts the handshake that never finished
     finally:
         client.close()
         await server.close()
@@ -125,6 +138,7 @@ async def test_a_plain_client_of_a_tls_server_is_served_nothing(identity, monkey
         with pytest.raises(ChannelError):
             await client.call("echo", MARKER)
         assert seen == [] and server.stats["requests"] == 0
+        assert await _tls_failed(server) >= 1
         # the server is unharmed: a TLS client is served afterwards
         good = ChannelClient(SECRET, "replica/0/r1",
                              lambda: _ready((*server.address, tls.client_context(identity))))
@@ -150,6 +164,7 @@ async def test_a_peer_stalling_in_the_tls_handshake_is_closed(identity, monkeypa
         await writer.drain()
         assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed by the server, well within 5 s
         writer.close()
+        assert await _tls_failed(server) == 1 and server.handshakes.abandoned == 1
     finally:
         await server.close()
 

@@ -15,7 +15,7 @@ import pytest
 from cluster.http.auth import check_http_config
 from fanout.config import SCHEMA, ConfigError, Section
 from tests.integration.fanout_harness import running_cluster
-from tests.integration.http_fixtures import fetch, http_config, port_of, raw_request
+from tests.integration.http_fixtures import fetch, http_config, metric_sum, metric_values, port_of, raw_request
 
 ADMIN = ("root", "s3cret")
 
@@ -46,3 +46,7 @@ def test_with_the_mqtt_certificate_the_listener_speaks_https_only(ray_local, tmp
             fetch(url + "metrics", context=ssl.create_default_context())
         plain = raw_request(port_of(url), b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert not plain.startswith(b"HTTP/1.1 200"), plain[:100]
+        # the handshakes that failed are counted by outcome, not dropped without a trace
+        m = metric_values(fetch(url + "metrics", login=ADMIN, context=trusted).body.decode())
+        assert metric_sum(m, "fanout_http_tls_handshakes_total", outcome="failed/protocol") >= 1  # clear text
+        assert metric_sum(m, "fanout_http_tls_handshakes_total", outcome="completed") >= 2

@@ -13,7 +13,7 @@ def samples(snapshot: dict) -> dict[tuple[str, frozenset], float]:
 
 SHARD = {"shard": 0, "alive": True, "pending_rows": 7, "in_flight": 1, "delivered": 5, "rows_enqueued": 13,
          "connected": 2, "data_blobs": 1, "requests_rows": 13, "used_bytes": 4096, "applied_seq": 21,
-         "channel": {"connections": 1, "refused": 2, "requests": 40, "protocol_errors": 0}, "channel_fallbacks": 3}
+         "channel": {"connections": 1, "refused": 2, "requests": 40, "protocol_errors": 0, "tls_failed": 4}, "channel_fallbacks": 3}
 NODE = {"node_id": "n0", "alive": True, "connections": 3, "sessions": 4, "triggers": 2, "blobs": 2, "rejected": 1,
         "auth_failures": 6, "channel": None, "channel_fallbacks": 0}  # channels off on this node
 REPLICATION = [{"shard": 0, "epoch": 2, "primary": {"node": "n1", "alive": True}, "failing_over": False,
@@ -92,6 +92,31 @@ def test_direct_channel_figures_per_shard_and_node():
     at = frozenset({("shard", "0"), ("node", "n1")})
     assert m[("fanout_channel_requests_total", at)] == 40 and m[("fanout_channel_refused_total", at)] == 2
     assert m[("fanout_channel_protocol_errors_total", at)] == 0 and m[("fanout_channel_fallbacks_total", at)] == 3
+    assert m[("fanout_channel_tls_failed_total", at)] == 4
     n0 = frozenset({("node", "n0")})
     assert m[("fanout_channel_fallbacks_total", n0)] == 0
     assert ("fanout_channel_requests_total", n0) not in m  # channels off there: no figure rather than a 0
+
+
+def test_tls_handshake_outcomes_are_per_node_families():
+    tree = {"$SYS/broker/tls/handshakes/running": 2, "$SYS/broker/tls/handshakes/completed": 40,
+            "$SYS/broker/tls/handshakes/failed/certificate": 3, "$SYS/broker/tls/handshakes/failed/protocol": 1,
+            "$SYS/broker/tls/handshakes/abandoned": 5, "$SYS/broker/tls/handshakes/refused": 7}
+    m = samples(snapshot(sys={"n0": tree}))
+    n0 = frozenset({("node", "n0")})
+    assert m[("fanout_broker_tls_handshakes_running", n0)] == 2
+    assert m[("fanout_broker_tls_handshakes_completed_total", n0)] == 40
+    assert m[("fanout_broker_tls_handshakes_failed_certificate_total", n0)] == 3
+    assert m[("fanout_broker_tls_handshakes_failed_protocol_total", n0)] == 1
+    assert m[("fanout_broker_tls_handshakes_abandoned_total", n0)] == 5
+    assert m[("fanout_broker_tls_handshakes_refused_total", n0)] == 7
+
+
+def test_https_listener_handshakes_by_outcome():
+    figures = {"running": 1, "completed": 9, "abandoned": 2, "refused": 0, "failed/certificate": 0,
+               "failed/protocol": 3}
+    m = samples(snapshot(http_tls=figures))
+    assert m[("fanout_http_tls_handshakes_total", frozenset({("outcome", "completed")}))] == 9
+    assert m[("fanout_http_tls_handshakes_total", frozenset({("outcome", "failed/protocol")}))] == 3
+    assert m[("fanout_http_tls_handshakes_running", frozenset())] == 1
+    assert not [k for k in samples(snapshot()) if k[0].startswith("fanout_http_tls")]  # plain HTTP: none
