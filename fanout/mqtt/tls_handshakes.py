@@ -82,7 +82,10 @@ class _CountingSSLObject(ssl.SSLObject):
             if self._hs == _RUNNING:
                 self._hs = _ENDED
                 stats.running -= 1
-                stats.failed(exc)
+                try:
+                    stats.failed(exc)
+                except Exception:  # the handshake's own error must reach the transport, which closes on it
+                    log.exception("tls handshake failure not counted", listener=stats.name)
             raise
         if self._hs == _RUNNING:
             self._hs = _ENDED
