@@ -31,6 +31,13 @@ Strategy (after emqx-plugin-sdv's dispatcher):
            already closed is stale): kept in a bounded first-in-first-out map of :data:`FENCE_SIZE`
            entries; an entry evicted only loses the fence against events older than the last
            :data:`FENCE_SIZE` closed connections of the shard.
+  Rule 7 - a VIN whose last read for a send found no row is marked ``read_nothing``: its heartbeats send
+           nothing without reading the store (most heartbeats of a fleet find nothing; each read was an
+           LMDB cursor seek). Rows only appear through a new batch, whose ``on_batch`` clears the mark
+           before it reads; a batch that finds the VIN not ready (offline, unsubscribed, a row in flight)
+           leaves it, so every change of readiness clears it too: connect, disconnect, subscribe, a failed
+           send. A read from a transaction older than a batch's commit can set it wrongly, but that
+           batch's ``on_batch`` comes after the commit, and so after that read.
 """
 from __future__ import annotations
 
@@ -80,8 +87,10 @@ class VinDispatcher:
         states = self._vins
         for vin in vins:
             vs = states.get(vin)
-            if vs is not None and vs.node is not None and vs.subscribed and vs.inflight is None:
-                actions.extend(self.maybe_send(vin))
+            if vs is not None:
+                vs.read_nothing = False  # Rule 7: it has a row now
+                if vs.node is not None and vs.subscribed and vs.inflight is None:
+                    actions.extend(self.maybe_send(vin))
         return actions
 
     def on_connect(
@@ -123,6 +132,7 @@ class VinDispatcher:
         vs.node = node
         vs.generation = generation
         vs.subscribed = subscribed and session_present
+        vs.read_nothing = False
         if session_present and inflight_row_key is not None:
             self._set_inflight(vs, InFlight(key=inflight_row_key))
             vs.resumed_inflight = True
@@ -142,6 +152,7 @@ class VinDispatcher:
         vs = self._live(vin, generation)
         if vs is None:
             return []
+        vs.read_nothing = False
         was, vs.subscribed = vs.subscribed, subscribed
         if subscribed and not was and at_us is not None and vs.inflight is None:
             row = self._next_row(vin, vs.deleting)
@@ -244,6 +255,7 @@ class VinDispatcher:
             return []
         if unsubscribed:
             vs.subscribed = False
+        vs.read_nothing = False
         if vs.inflight is not None and vs.inflight.key == row_key:
             self._clear_inflight(vs)
         return []
@@ -279,7 +291,7 @@ class VinDispatcher:
             ``[Send]`` or empty.
         """
         vs = self._vins.get(vin)
-        if vs is None or vs.node is None or not vs.subscribed or vs.inflight is not None:
+        if vs is None or vs.node is None or not vs.subscribed or vs.inflight is not None or vs.read_nothing:
             return []
         send = self._send_next(vin, vs)
         return [] if send is None else [send]
@@ -288,6 +300,7 @@ class VinDispatcher:
         """Queue the send of the oldest pending row of ``vin`` (connected, subscribed, nothing in flight)."""
         row = self._next_row(vin, vs.deleting)
         if row is None:
+            vs.read_nothing = True  # Rule 7
             return None
         self._inflight += 1  # _set_inflight, inlined (nothing is in flight here)
         vs.inflight = InFlight(row.key, row)
@@ -455,6 +468,7 @@ class VinDispatcher:
             self._connected -= 1
         vs.node = None
         vs.subscribed = False
+        vs.read_nothing = False
         self._clear_inflight(vs)
 
 

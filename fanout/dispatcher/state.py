@@ -90,6 +90,7 @@ class VehicleState:
     deleting: set[bytes] | None = None  # acked keys whose Delete is not confirmed yet (Rule 4)
     attempted: bytes | None = None  # key of the row last handed to a node for this VIN; b"" once acknowledged
     attempted_on: Send | None = None  # the send that handed it out: its connection's session may hold it
+    read_nothing: bool = False  # the last read for a send found no row: heartbeats skip the store (Rule 7)
 
 
 @dataclass(frozen=True, slots=True)

@@ -310,7 +310,12 @@ class FanoutModel(RuleBasedStateMachine):
     def batch(self, vins: set[str]) -> None:
         for vin in sorted(vins):
             self.rows.add(vin, f"r{self.rows.ts + 1}")
-        self.d.on_batch(sorted(vins))
+        # as the dispatcher core does (DispatcherCore.dispatch_new): only the VINs ready now, so a VIN that
+        # is not (offline, unsubscribed, a row in flight) keeps its Rule 7 mark until its readiness changes
+        ready = self.d.ready_vins(sorted(vins))
+        self.d.on_batch(ready)
+        for vin in ready:  # Rule 1, realtime: a ready vehicle's new row is on its way at once
+            assert self.d.vehicle(vin).inflight is not None, vin
 
     @rule(vin=st.sampled_from(VINS), node=st.sampled_from(NODES), clean=st.booleans(), old_first=st.booleans())
     def connect(self, vin: str, node: str, clean: bool, old_first: bool) -> None:
@@ -447,7 +452,8 @@ class FanoutModel(RuleBasedStateMachine):
         for vin in VINS:
             if self.conn[vin] is None:
                 self.connect(vin, "A", clean=False, old_first=True)
-            self.subscribe(vin, True)
+            if not self.subscribed[vin]:  # one already subscribed gets no new event: its heartbeat must do
+                self.subscribe(vin, True)
         self.tick()  # sends decided before now (possibly duplicates of rows acked late) reach the vehicle
         expected = {v: self.rows.pending(v) for v in VINS}
         held = dict(self.unacked)  # a copy the vehicle holds (delivered or resumed) is acked, not resent
@@ -597,3 +603,46 @@ def test_after_an_ack_the_next_row_older_than_the_start_is_not_dup(rows: MemoryR
     d.drain_actions(now_ms=0)
     (second,) = sends(d.on_puback("V1", 1, old1.key))
     assert (second.row, second.dup) == (old2, False)
+
+
+def test_a_vehicle_whose_last_read_found_nothing_skips_the_store_on_heartbeats_until_it_can_have_a_row(rows: MemoryRows) -> None:
+    """Rule 7: the heartbeats of a vehicle with nothing pending do not read the store; every path by which
+    a row can become its to send (a batch, or a readiness change while a batch passed it by) reads again."""
+    reads = []
+
+    class Counting(MemoryRows):
+        def next_row(self, vin, after=None):
+            reads.append(vin)
+            return super().next_row(vin, after)
+
+    rows = Counting()
+    d = VinDispatcher(rows)
+    online(d)
+    assert d.on_heartbeat("V1", 1) == [] and len(reads) == 1  # read: nothing
+    for _ in range(3):
+        assert d.on_heartbeat("V1", 1) == []
+    assert len(reads) == 1 and d.vehicle("V1").read_nothing
+    rows.add("V1", "r1")
+    assert sends(d.on_batch(d.ready_vins(["V1"])))  # a batch reads again, at once
+    d.on_puback("V1", 1, d.vehicle("V1").inflight.key)
+    assert d.vehicle("V1").read_nothing  # the read after the ack found nothing
+
+    # while unsubscribed a batch passes it by; subscribing again makes the heartbeat read
+    d.on_subscribe("V1", 1, False)
+    rows.add("V1", "r2")
+    assert d.ready_vins(["V1"]) == []
+    d.on_subscribe("V1", 1, True)
+    assert sends(d.on_heartbeat("V1", 1))
+
+    # offline during a batch: the new connection's heartbeat reads (its state may even have been kept)
+    d.on_puback("V1", 1, d.vehicle("V1").inflight.key)
+    assert d.vehicle("V1").read_nothing
+    d.on_disconnect("V1", 1)
+    rows.add("V1", "r3")
+    d.on_connect("V1", "A", 2, session_present=True, subscribed=True)
+    assert sends(d.on_heartbeat("V1", 2))
+
+    # a send the node could not make: the row stays, the next heartbeat reads it again
+    key = d.vehicle("V1").inflight.key
+    d.on_send_failed("V1", 2, key)
+    assert [s.row.key for s in sends(d.on_heartbeat("V1", 2))] == [key]
