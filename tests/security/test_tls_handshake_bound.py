@@ -9,6 +9,7 @@ Now at most ``mqtt.max_tls_handshakes`` run at once (one more is closed at accep
 """
 from __future__ import annotations
 
+import resource
 import selectors
 import socket
 import time
@@ -22,7 +23,20 @@ from .pki import mqtt_over_tls_answers, tls_broker, tls_config, url_port
 pytestmark = pytest.mark.timeout(120)
 
 BOUND = 20
-STALLERS = 1000
+STALLERS = 600  # ~30 MiB of broker RSS without the bound (~50 KiB each), ~1 MiB with it
+
+
+@pytest.fixture(autouse=True)
+def _descriptors_for_the_stallers():
+    """This process holds every staller's socket: a soft RLIMIT_NOFILE of 1,024 (a common default) is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = STALLERS + 512
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _sys_becomes(port: int, name: str, value: int, timeout_s: float = 10.0) -> None:
