@@ -63,7 +63,7 @@ class ListenerSettings:
         wss_port: MQTT over WebSocket over TLS (``wss://H:P/mqtt``).
         tls: certificates for ``tls_port`` and ``wss_port`` (required when either is on).
         max_tls_handshakes: handshakes in progress at once on ``tls_port`` and ``wss_port`` together
-            (``mqtt.max_tls_handshakes``, :mod:`fanout.tls_handshakes`).
+            (``mqtt.max_tls_handshakes``, :mod:`fanout.mqtt.tls_handshakes`).
     """
 
     tls_port: int = 0
