@@ -7,7 +7,8 @@
 - :mod:`actors.names`: what they share (namespace, controller name, ``fanout_node`` resource, remote errors).
 
 Imports among these modules point one way: controller -> connection_node, shards; shards -> dispatcher,
-store_replica; dispatcher -> primary_link -> store_replica; any of them -> names, which imports none of them.
+store_replica; dispatcher -> primary_link -> store_replica; any of them -> names and shard_count (the shard count
+chosen at start), which import none of them.
 
 Import the submodules directly; this package imports nothing so that ``import actors`` stays cheap.
 """

@@ -4,8 +4,9 @@
 Strategy:
 
 - One per cluster, named ``fanout-controller`` in namespace ``sdv-fanout`` (``fanout status`` and
-  ``fanout inspect`` find it by name). It creates the dispatcher pool (``fanout.dispatchers``, 0 = one
-  per CPU of the cluster; shard ``k`` pinned to fanout node ``k % nodes`` because its LMDB directory
+  ``fanout inspect`` find it by name). It creates the dispatcher pool (``fanout.dispatchers``; 0 = the data
+  directory's count, else one per ``1 + fanout.replicas`` CPUs left by the listeners, see
+  :mod:`actors.shard_count`; shard ``k`` pinned to fanout node ``k % nodes`` because its LMDB directory
   lives there) and one ConnectionNode per alive Ray node that has the ``fanout_node`` resource (pinned
   with ``NodeAffinitySchedulingStrategy``). The first node binds the configured port, the others port 0
   unless configured otherwise (several Ray nodes may share one machine, as in tests).
@@ -44,6 +45,7 @@ from storage import WriteBatch
 from .connection_node import ConnectionNode
 from .names import NODE_RESOURCE, fanout_ray_nodes, remote_error_text
 from .requests import RequestDesk
+from .shard_count import choose_shard_count
 from .shards import ShardSet
 from .topics import TopicDesk
 
@@ -92,6 +94,8 @@ class Controller:
         self.config = config
         self.data_dir = str(config.storage.data_dir)
         self.shards: ShardSet | None = None
+        self.shard_count: dict[str, Any] = {}
+        """Where the shard count came from (:func:`actors.shard_count.choose_shard_count`), for status."""
         self._watch_task: asyncio.Task | None = None
         self.nodes: dict[str, Any] = {}
         self.node_info: dict[str, dict[str, Any]] = {}
@@ -141,7 +145,10 @@ class Controller:
         if not ray_nodes:
             raise RuntimeError("no alive Ray node has the 'fanout_node' resource (start Ray with "
                                "--resources='{\"fanout_node\": 1}')")
-        shards = cfg.fanout.dispatchers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        shards, self.shard_count = choose_shard_count(
+            cfg.fanout.dispatchers, self.data_dir, ray.cluster_resources().get("CPU", 1),
+            len(ray_nodes) * cfg.mqtt.listeners_per_node, cfg.fanout.replicas)
+        log.info("shard count chosen", shards=shards, **self.shard_count)
         self.shards = ShardSet(cfg, self.data_dir, ray.get_runtime_context().get_actor_name(), self._alive_nodes,
                                lambda: {rid: self.nodes[n] for rid, n in self._ray_node_ids.items() if n in self.nodes})
         await self.shards.start(ray_nodes, shards)
@@ -344,6 +351,7 @@ class Controller:
             "vehicles_connected": sum(s["connected"] for s in ok),
         }
         return {"nodes": nodes, "shards": shards, "totals": totals, "data_dir": self.data_dir,
+                "shard_count": {"shards": len(shards), **self.shard_count},
                 "replication": await self.replication(), "topics": await self._topics_or_error()}
 
     # -- durable topics (actors.topics) ------------------------------------------------------------------------

@@ -39,11 +39,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .dispatcher import Dispatcher
 from .names import fanout_ray_nodes
+from .shard_count import LAYOUT_FILE
 from .store_replica import StoreReplica, replica_dir
 
 log = structlog.get_logger(__name__)
 
-LAYOUT_FILE = "layout.json"
 PROBE_TIMEOUT_S = 2.0
 RESTART_GRACE = 4  # failover_timeouts a silent actor on a live node gets to be restarted by Ray
 START_TIMEOUT_S = 120.0
@@ -164,8 +164,8 @@ class ShardSet:
             return None
         data = json.loads(p.read_text())
         if len(data.get("shards", [])) != shards:
-            raise RuntimeError(f"{p} describes {len(data.get('shards', []))} shards, the cluster has {shards} "
-                               "(set fanout.dispatchers to match)")
+            raise RuntimeError(f"{p} describes {len(data.get('shards', []))} shards, fanout.dispatchers asks for "
+                               f"{shards} (set it to 0 to take the stored count; VINs do not move between shards)")
         return list(data["shards"])
 
     def _save_layout(self) -> None:

@@ -301,7 +301,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, profile: bool
                    "platform": "fanout.client.FanoutClient (dev login), stamped payloads"},
         "targets": TARGETS,
         "notes": [
-            "One embedded cluster (fanout up: local Ray, Controller, one Dispatcher per CPU, one ConnectionNode) "
+            "One embedded cluster (fanout up: local Ray, Controller, the default shard count, one ConnectionNode) "
             "on 127.0.0.1, the mock fleet (2 processes) and the platform client share this machine's CPUs.",
             "Durable: the platform's PUBACK follows the LMDB commit with sync (fsync) on every shard the trigger "
             "touches; storage.sync is on and the data dir is on the filesystem given in cluster.data_dir_fs.",

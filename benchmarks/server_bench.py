@@ -9,8 +9,8 @@ load on this shared machine then falls on the compared figures alike):
   starts it (in memory, 32 messages in flight per client), fed by ``cfleet publish``: one QoS 1
   PUBLISH per vehicle and request on the vehicle's delivery topic, at most 128 unacknowledged (the
   naive platform a broker without a fanout service needs).
-- ``fanout``: the embedded cluster (``fanout up``: local Ray, Controller, one Dispatcher per CPU, one
-  ConnectionNode, default config: 1 replica, fsync), fed through the platform client
+- ``fanout``: the embedded cluster (``fanout up``: local Ray, Controller, the default shard count (one per
+  ``1 + replicas`` CPUs left by the listener: 1 here), one ConnectionNode, default config: 1 replica, fsync), fed through the platform client
   (``fanout.client`` via :class:`~benchmarks.scenarios.senders.PlatformSender`): one blob + one
   trigger naming every VIN per request, acknowledged once durable.
 

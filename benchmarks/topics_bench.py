@@ -6,7 +6,8 @@ Streams and NATS JetStream in the same run on the same machine.
   messages round robin over ``VINS`` topics ``ecp/<VIN>/response``:
   - fanout: MQTT 3.1.1 QoS 1 (the project's codec on raw asyncio sockets) to a durable topic ``ecp/+/response``;
     a PUBACK comes once the append is fsynced on the primary AND on its replica (``fanout.replicas = 1``,
-    ``min_replicas_to_ack = 1``; default config otherwise: 2 shards here, one per CPU);
+    ``min_replicas_to_ack = 1``; default config otherwise: the shard count of ``fanout.dispatchers = 0``, 1 on
+    2 CPUs);
   - Redis Streams (Debian ``redis-server``, ``appendonly yes``, ``appendfsync always``): ``XADD`` pipelined
     a window deep per client (redis-py asyncio), a reply = written and fsynced by the AOF;
   - NATS JetStream (Debian ``nats-server -js``, file storage): ``js.publish`` with a window awaiting acks per
@@ -175,7 +176,7 @@ class FanoutSubject:
 
         cfg = load_config(None, env={}).replace("mqtt", host="127.0.0.1", port=0, sys_interval="0s")
         cfg = cfg.replace("storage", data_dir=str(tmp / "data")).replace("http", port=0)
-        cfg = cfg.replace("fanout", dispatchers=2, gc_interval="0s", replicas=1, min_replicas_to_ack=1)
+        cfg = cfg.replace("fanout", gc_interval="0s", replicas=1, min_replicas_to_ack=1)
         cfg = cfg.replace("cluster", direct_channels=DIRECT_CHANNELS)
         cfg = dataclasses.replace(cfg, topics=(TopicSpec.build("responses", "ecp/+/response"),))
         ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 << 20,
@@ -186,6 +187,7 @@ class FanoutSubject:
             ray.shutdown()
             raise
         self.port = self.fanout.port
+        self.shards = self.fanout.info["shards"]  # recorded in the JSON: the default count depends on the CPUs
         from cluster.cli.consume import ControllerSource
 
         self.source = ControllerSource(self.fanout.controller)
@@ -413,6 +415,8 @@ async def run_system(name: str, make: Callable[[], Any], count: int, outage_s: f
     out: dict[str, Any] = {"load_avg_1m_start": load_avg()[0]}
     with tempfile.TemporaryDirectory(prefix=f"topics-bench-{name}-") as tmp:
         subject = make(Path(tmp))
+        if getattr(subject, "shards", None):
+            out["shards"] = subject.shards
         try:
             await subject.append(min(2000, count), tag="warm")  # warm-up (connections, first fsyncs)
             for w in WINDOWS:

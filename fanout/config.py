@@ -157,7 +157,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "fanout": {
         "topic_prefix": Field("topic_prefix", "agent/{VIN}/proxy/request", _topic_prefix, "delivery topic is <prefix>/<request_id>"),
-        "dispatchers": Field("dispatchers", 0, _int(0, 4096), "dispatcher pool size (0 = one per CPU)"),
+        "dispatchers": Field("dispatchers", 0, _int(0, 4096), "dispatcher pool size = store shards (0 = the data directory's count, else one per 1 + replicas CPUs left by the listeners)"),
         "replicas": Field("replicas", 1, _int(0, 16), "store replicas per shard"),
         "min_replicas_to_ack": Field("min_replicas_to_ack", -1, _int(-1, 16), "replicas that must ack a write (-1 = 1 on multi-node, 0 on one machine)"),
         "data_retention": Field("data_retention_ms", "7d", _duration(1000), "blobs and queued rows older than this are garbage"),

@@ -4,7 +4,7 @@ Strategy:
 
 - :class:`EmbeddedCluster` runs ``fanout up --config <tmp>/fanout.toml --host 127.0.0.1 --port 0
   --data-dir <tmp>/data`` as a :class:`~.processes.Child` (a local Ray instance of its own, the Controller,
-  one Dispatcher per CPU and one ConnectionNode) and reads its one ready line ``fanout ready mqtt://H:P``.
+  the default shard count of Dispatchers and one ConnectionNode) and reads its one ready line ``fanout ready mqtt://H:P``.
   The data directory is on the same disk as every other benchmark file (``storage.sync`` stays on: every
   PUBACK to the platform follows an fsync). Leaving the ``with`` block sends SIGTERM (``fanout up`` drains
   the node, closes the stores and shuts Ray down) and, after ``stop_timeout``, SIGKILLs every process of

@@ -43,12 +43,13 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
 
 
 def fanout_config(tmp_path: Path, **fanout: Any) -> Any:
-    """Test config: port 0 on loopback, tmp data dir, 2 dispatchers, fast $SYS, no HTTP listener."""
+    """Test config: port 0 on loopback, tmp data dir, 2 dispatchers unless ``fanout`` says otherwise, fast $SYS, no
+    HTTP listener."""
     cfg = load_config(None, env={})
     cfg = cfg.replace("mqtt", host="127.0.0.1", port=0, sys_interval="1s")
     cfg = cfg.replace("http", port=0)  # tests run side by side: none may take the default 8080
     cfg = cfg.replace("storage", data_dir=str(tmp_path / "data"))
-    cfg = cfg.replace("fanout", dispatchers=2, **fanout)
+    cfg = cfg.replace("fanout", **{"dispatchers": 2, **fanout})
     return cfg
 
 
