@@ -15,7 +15,8 @@ Strategy: the broker routes a publish on a durable topic live at once and hands 
    partition's entries keep the order of the publishes. ``full_batch`` is :data:`FULL_BATCH` (16) over the direct
    channels, where a call costs about what one or two appends do: without a second call, the appends that
    arrive while a call is out wait for its whole round trip (commit, the replica's ack, the reply) instead of
-   about one apply, and a few paho-like clients (32 in flight each, ~64 per shard) never fill a bigger batch.
+   about one apply, and a few paho-like clients (32 in flight each: 128 on one shard, 64 per shard on two) never
+   fill a bigger batch (measured again on one shard: 8, 16 or 32 items, 2 or 3 calls, all within noise).
    Over Ray calls (``cluster.direct_channels = false``, ~1.8 ms of CPU per call) it is
    :data:`FULL_BATCH_RAY` (128);
 3. :meth:`TopicAppends.done` settles the call's tickets: a ticket is acknowledged (PUBACK for QoS 1, PUBREC for
