@@ -18,13 +18,18 @@ VINS = [f"SHC{i:03d}" for i in range(9)]
 
 
 def test_auto_count_restarts_a_store_with_its_own_shards_and_loses_no_row(ray_local, tmp_path):
-    """Three shards made by hand; the next start with ``dispatchers = 0`` (the session's Ray has 2 CPUs, which
-    alone would give 1 shard, and gave 2 by the old rule) opens those three, and the rows queued in each
-    reach their vehicles."""
+    """Three shards made by hand; a start asking for 2 is refused; the next start with ``dispatchers = 0`` (the
+    session's Ray has 2 CPUs, which alone would give 1 shard, and gave 2 by the old rule) opens those three, and
+    the rows queued in each reach their vehicles."""
     assert len({shard_of(v, 3) for v in VINS}) == 3  # every shard holds rows
     with running_cluster(fanout_config(tmp_path, dispatchers=3)) as cluster:
         publish_batch(cluster.port, VINS, "shc-1")  # no vehicle connected: the rows wait in the store
         assert cluster.status()["shard_count"] == {"shards": 3, "source": "fanout.dispatchers"}
+    # another count by hand is refused before anything is placed, naming both and the way out
+    with pytest.raises(RuntimeError, match=r"layout\.json describes 3 shards, fanout\.dispatchers asks for 2 \(set "
+                                           r"it to 0 to take the stored count"):
+        with running_cluster(fanout_config(tmp_path, dispatchers=2)):
+            pass
     with running_cluster(fanout_config(tmp_path, dispatchers=0)) as cluster:
         assert cluster.status()["shard_count"] == {"shards": 3, "source": "layout.json"}
         cars = [Vehicle(cluster.port, vin) for vin in VINS]
