@@ -33,8 +33,9 @@ def shards_for_cpus(cpus: float, listener_processes: int, replicas: int) -> int:
     return max(1, spare // (1 + max(0, replicas)))
 
 
-def stored_shard_count(data_dir: str | Path) -> int | None:
-    """The shard count ``<data_dir>/layout.json`` records, or None when there is none yet.
+def read_layout(data_dir: str | Path) -> list[dict[str, Any]] | None:
+    """The per-shard entries of ``<data_dir>/layout.json`` (written by :class:`actors.shards.ShardSet`), or None
+    when there is none yet. The one reader of the file: the shard count and the shards' placement come from it.
 
     Raises:
         RuntimeError: the file exists but is not a layout (named, with what is wrong).
@@ -50,7 +51,13 @@ def stored_shard_count(data_dir: str | Path) -> int | None:
             raise ValueError("'shards' is not a non-empty list")
     except (ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"{path} is not a shard layout ({exc}); move it away to start a new store") from exc
-    return len(shards)
+    return shards
+
+
+def stored_shard_count(data_dir: str | Path) -> int | None:
+    """The shard count ``<data_dir>/layout.json`` records, or None when there is none yet (see :func:`read_layout`)."""
+    layout = read_layout(data_dir)
+    return None if layout is None else len(layout)
 
 
 def choose_shard_count(configured: int, data_dir: str | Path, cpus: float, listener_processes: int,
@@ -69,4 +76,4 @@ def choose_shard_count(configured: int, data_dir: str | Path, cpus: float, liste
         "source": "cpus", "cpus": int(cpus), "listener_processes": listener_processes, "replicas": replicas}
 
 
-__all__ = ["LAYOUT_FILE", "choose_shard_count", "shards_for_cpus", "stored_shard_count"]
+__all__ = ["LAYOUT_FILE", "choose_shard_count", "read_layout", "shards_for_cpus", "stored_shard_count"]

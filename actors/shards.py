@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .dispatcher import Dispatcher
 from .names import fanout_ray_nodes
-from .shard_count import LAYOUT_FILE
+from .shard_count import LAYOUT_FILE, read_layout
 from .store_replica import StoreReplica, replica_dir
 
 log = structlog.get_logger(__name__)
@@ -159,14 +159,12 @@ class ShardSet:
     # -- the layout file --------------------------------------------------------------------------------------
 
     def _read_layout(self, shards: int) -> list[dict[str, Any]] | None:
-        p = Path(self.data_dir) / LAYOUT_FILE
-        if not p.exists():
-            return None
-        data = json.loads(p.read_text())
-        if len(data.get("shards", [])) != shards:
-            raise RuntimeError(f"{p} describes {len(data.get('shards', []))} shards, fanout.dispatchers asks for "
-                               f"{shards} (set it to 0 to take the stored count; VINs do not move between shards)")
-        return list(data["shards"])
+        layout = read_layout(self.data_dir)
+        if layout is not None and len(layout) != shards:
+            raise RuntimeError(f"{Path(self.data_dir) / LAYOUT_FILE} describes {len(layout)} shards, fanout.dispatchers "
+                               f"asks for {shards} (set it to 0 to take the stored count; VINs do not move between "
+                               "shards)")
+        return layout
 
     def _save_layout(self) -> None:
         data = {"shards": [{"epoch": self.epochs[k], "primary": self.primaries[k].layout(),
