@@ -120,6 +120,17 @@ def test_log_bounds_and_since():
     assert [s for s, _ in log.since(17)] == [17] and log.since(16) is None
 
 
+def test_since_returns_every_entry_from_the_seq_on_in_order_across_trims():
+    log = ReplicationLog(max_entries=50)
+    for seq in range(1, 131):  # trimmed 80 times: the deque's left end moved
+        log.append(seq, seq.to_bytes(2, "big"))
+    assert log.base_seq == 80
+    for start in range(81, 132):
+        got = log.since(start)
+        assert [s for s, _ in got] == list(range(start, 131))
+        assert all(int.from_bytes(data, "big") == s for s, data in got)
+
+
 def test_primary_ships_what_replicas_apply(tmp_path):
     primary = ShardPrimary(open_store(tmp_path / "p"), epoch=1)
     replica = ReplicaApplier(open_store(tmp_path / "r"))
