@@ -418,7 +418,7 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
         The result object written to JSON.
     """
     sizes = QUICK if quick else FULL
-    name = result_name(NAME, quick)
+    name = result_name(NAME, quick, partial=set(systems) != set(SYSTEMS))
     soft, hard = raise_nofile_limit()
     notes = [
         "Each broker runs in its own process on 127.0.0.1 and shares the machine's CPUs with the single "

@@ -354,6 +354,8 @@ def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str |
     name = result_name(NAME, quick)
     if set(scenarios) != set(SCENARIOS):  # a subset must not overwrite the full run's results
         name += "_" + "_".join(sc for sc in SCENARIOS if sc in scenarios)
+    if set(systems) != set(SYSTEMS):  # nor a run of some systems only (harness.results.result_name)
+        name += "_partial"
     fanout_log.configure(level="warning")
     soft, hard = raise_nofile_limit()
     storm_n, storm_reason = storm_size(s.storm_vehicles)

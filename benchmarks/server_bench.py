@@ -557,9 +557,17 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     return save_figure(fig, name, out_dir)
 
 
+def is_partial(quick: bool, systems: Sequence[str], phases: Sequence[str], sizes: Sizes) -> bool:
+    """Whether a run is narrower than the whole benchmark of its mode: some systems or phases, other sizes, or
+    profiled (py-spy takes CPU from the servers). Such a run writes ``server_bench[_quick]_partial``."""
+    return (set(systems) != set(SYSTEMS) or set(phases) != set(PHASES) or sizes != (QUICK if quick else FULL)
+            or bool(PROFILE["dir"]))
+
+
 def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequence[str] = SYSTEMS,
         sizes: Sizes | None = None, phases: Sequence[str] = PHASES) -> dict[str, Any]:
-    """Run every phase for each system; write ``<results>/server_bench[_quick].json`` and ``.png``.
+    """Run every phase for each system; write ``<results>/server_bench[_quick].json`` and ``.png``
+    (``..._partial`` for some systems or phases, other sizes or a profiled run: :func:`result_name`).
 
     Args:
         quick: small numbers (smoke test), written as ``server_bench_quick``.
@@ -572,7 +580,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequ
         The result object written to JSON.
     """
     s = sizes or (QUICK if quick else FULL)
-    name = result_name(NAME, quick)
+    name = result_name(NAME, quick, partial=is_partial(quick, systems, phases, s))
     fanout_log.configure(level="warning")  # the platform client logs every connect at info
     soft, hard = raise_nofile_limit()
     binary = cfleet_run.build()

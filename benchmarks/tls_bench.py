@@ -204,7 +204,7 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
 def run(quick: bool = False, *, systems: Sequence[str] = SYSTEMS, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Run every figure for every system; write ``<results>/tls_bench[_quick].json`` and ``.png``."""
     sizes = QUICK if quick else FULL
-    name = result_name(NAME, quick)
+    name = result_name(NAME, quick, partial=set(systems) != set(SYSTEMS))
     raise_nofile_limit()
     pubacks()
     started = time.time()

@@ -58,6 +58,7 @@ TARGET_APPEND_X_REDIS = 1.0
 TARGET_CONSUME = 50_000
 TARGET_DRAIN_S = 10.0
 SYSTEMS = ("fanout", "redis", "nats")
+_ALL_SYSTEMS = SYSTEMS  # --only narrows SYSTEMS; such a run writes topics_bench_partial (harness.results.result_name)
 APPEND_ONLY = False  # --append-only: the append phase alone (A/B runs of an append-path change)
 DIRECT_CHANNELS = True  # cluster.direct_channels of the fanout subject (--ray-calls: false, the A/B of the channels)
 
@@ -505,7 +506,10 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     result["command"] = "python -m benchmarks.topics_bench" + (" --quick" if quick else "") + (
         " --append-only" if APPEND_ONLY else "")
     # An append-only run has its own file: it must not stand in for the full benchmark's results.
-    save_result(result_name(NAME, quick) + ("_append" if APPEND_ONLY else ""), result, plot, out_dir, started=started)
+    # --only and --ray-calls runs are A/B runs too: their own file (result_name's "_partial").
+    partial = SYSTEMS != _ALL_SYSTEMS or not DIRECT_CHANNELS
+    save_result(result_name(NAME, quick, partial=partial and not APPEND_ONLY) + ("_append" if APPEND_ONLY else ""),
+                result, plot, out_dir, started=started)
     return result
 
 

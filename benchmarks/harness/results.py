@@ -52,9 +52,15 @@ def bench_parser(module: str, doc: str | None, quick_help: str = "small numbers 
     return parser
 
 
-def result_name(name: str, quick: bool) -> str:
-    """``<name>_quick`` for a quick run, else ``name``."""
-    return f"{name}_quick" if quick else name
+def result_name(name: str, quick: bool, *, partial: bool = False) -> str:
+    """``<name>_quick`` for a quick run, else ``name``; then ``_partial`` for a run narrower than the whole benchmark.
+
+    Why ``_partial``: a run of some systems or phases only, at other sizes or under a profiler is an A/B or a
+    diagnosis, and its figures are not comparable with a whole run's. Written under the whole run's name, it
+    replaced the results the docs quote (it happened: a ``server_bench --phases connection_storm`` run took the
+    place of a full run's JSON).
+    """
+    return ("{}_quick" if quick else "{}").format(name) + ("_partial" if partial else "")
 
 
 def _cpu_model() -> str:

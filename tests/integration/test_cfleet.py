@@ -234,8 +234,11 @@ def test_server_bench_quick_with_mosquitto(binary: str, tmp_path: Any) -> None:
                     storm_vehicles=300, idle_s=0.5)
     result = server_bench.run(True, out_dir=tmp_path, systems=["mosquitto"], sizes=sizes)
     assert result["errors"] == {}
-    data = json.loads((tmp_path / "server_bench_quick.json").read_text())
-    assert (tmp_path / "server_bench_quick.png").stat().st_size > 0
+    # one system at other sizes: not the whole benchmark, so it must not take the whole run's file name
+    assert result["json_path"] == str(tmp_path / "server_bench_quick_partial.json")
+    assert not (tmp_path / "server_bench_quick.json").exists()
+    data = json.loads((tmp_path / "server_bench_quick_partial.json").read_text())
+    assert (tmp_path / "server_bench_quick_partial.png").stat().st_size > 0
     f = data["systems"]["mosquitto"]
     for key in ("deliveries_per_s", "server_cpu_us_per_delivery", "connects_per_s", "server_cpu_us_per_connect",
                 "heartbeats_per_s", "server_cpu_us_per_heartbeat", "hb_storm_deliveries_per_s",
