@@ -229,6 +229,16 @@ class ShardReader:
         return self._read(lambda txn: topics.read_log(txn, self._dbs.topic_log, topic, partition, from_offset,
                                                       limit, max_bytes))
 
+    def topic_read_packed(self, topic: str, partition: int, from_offset: int, limit: int,
+                          max_bytes: int | None = None) -> tuple[bytes, int]:
+        """:meth:`topic_read` as one packed page and its entry count (:func:`storage.topics.read_log_packed`).
+
+        Raises:
+            ValueError: an invalid topic name, partition or offset.
+        """
+        return self._read(lambda txn: topics.read_log_packed(txn, self._dbs.topic_log, topic, partition, from_offset,
+                                                             limit, max_bytes))
+
     def topic_read_many(self, requests: Iterable[tuple[str, int, int, int]],
                         max_bytes: int | None = None) -> list[list[topics.LogEntry]]:
         """``topic_read`` of many ``(topic, partition, from_offset, limit)`` in ONE read transaction (a tick's

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from fanout.topics.records import CommitItem, Entry, ReadRequest, ReadResult
+from fanout.topics.records import CommitItem, ReadRequest, ReadResult, page_entries
 
 DEFAULT_PAGE = 1000
 PROGRESS_INTERVAL_S = 2.0
@@ -127,7 +127,8 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
         commits: list[tuple] = []
         still: list[int] = []
         for p, raw in zip(active, results):
-            entries, low, nxt = ReadResult(*raw)
+            packed, low, nxt = ReadResult(*raw)
+            entries = page_entries(packed)
             ends[p] = nxt
             last = None
             for e in entries:
@@ -135,7 +136,7 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
                     break
                 emit(p, e)
                 emitted += 1
-                last = Entry(*e).offset
+                last = e[0]  # Entry.offset
             if last is not None:
                 positions[p] = last + 1
                 commits.append(CommitItem.build(topic, group, p, last))

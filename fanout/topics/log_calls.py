@@ -6,8 +6,9 @@ returned batch through its single writer, replicated before it answers). Every c
 
 - :func:`append_batch`: the items of one node's ``topic_append`` call, grouped per (topic, partition) in arrival
   order, into ONE WriteBatch (one op per partition: offsets are assigned at apply, consecutive per partition);
-- :func:`read`: one answer per :class:`fanout.topics.records.ReadRequest`, entries capped by count and by
-  :data:`MAX_READ_BYTES` of payload per call (a consumer pages on: bounded memory on both sides);
+- :func:`read`: one answer per :class:`fanout.topics.records.ReadRequest`, its entries as one packed page
+  (:func:`fanout.topics.records.page_entries` decodes it), capped by count and by :data:`MAX_READ_BYTES` of
+  stored entries per call (a consumer pages on: bounded memory on both sides);
 - :func:`commit_batch`: every commit of the call in ONE WriteBatch (a commit never moves a group back);
 - :func:`topic_info`: per topic its partitions held here with their bounds and each group's committed offset.
 
@@ -21,11 +22,11 @@ from typing import Any, Iterable
 
 import structlog
 
-from fanout.topics.records import Entry, ReadRequest, ReadResult
+from fanout.topics.records import EMPTY_PAGE, ReadRequest, ReadResult
 
 log = structlog.get_logger(__name__)
 
-MAX_READ_BYTES = 8 << 20  # payload bytes one topic_read call returns at most (at least one entry per request)
+MAX_READ_BYTES = 8 << 20  # stored bytes one topic_read call returns at most (at least one entry per request)
 MAX_READ_LIMIT = 10_000  # entries one request returns at most
 
 class TopicCatalog:
@@ -114,7 +115,7 @@ class TopicCatalog:
     # -- reads ------------------------------------------------------------------------------------------
 
     def read(self, requests: Iterable[tuple]) -> list[tuple]:
-        """One :class:`ReadResult` tuple per :class:`ReadRequest` (entries as :class:`Entry` tuples).
+        """One :class:`ReadResult` tuple per :class:`ReadRequest` (its entries as one packed page).
 
         Raises:
             ValueError: a request for a topic or partition this shard does not hold.
@@ -125,13 +126,12 @@ class TopicCatalog:
         for topic, partition, from_offset, limit in (ReadRequest(*r) for r in requests):
             self.check(topic, partition)
             low, nxt = reader.topic_bounds(topic, partition)
-            entries: list[tuple] = []
+            page = EMPTY_PAGE
             if budget > 0 and from_offset < nxt:
-                got = reader.topic_read(topic, partition, max(from_offset, low), max(1, min(limit, MAX_READ_LIMIT)),
-                                        max_bytes=budget)
-                entries = [Entry.of(e) for e in got]
-                budget -= sum(len(e.payload) for e in got)
-            out.append(tuple(ReadResult(entries, low, nxt)))
+                page, _n = reader.topic_read_packed(topic, partition, max(from_offset, low),
+                                                    max(1, min(limit, MAX_READ_LIMIT)), max_bytes=budget)
+                budget -= len(page)
+            out.append(tuple(ReadResult(page, low, nxt)))
         return out
 
     def info(self, names: Iterable[str] | None = None) -> dict[str, Any]:

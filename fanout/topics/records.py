@@ -6,12 +6,15 @@ wire form (a plain tuple in field order); consumers unpack with the full arity o
 
 - ConnectionNode -> Dispatcher ``topic_append(pack_batch([AppendItem]))``: one call per shard per round; the
   reply is a list with one :class:`AppendResult` per (topic, partition) written.
-- consumer -> Dispatcher ``topic_read([ReadRequest])``: one :class:`ReadResult` per request;
+- consumer -> Dispatcher ``topic_read([ReadRequest])``: one :class:`ReadResult` per request, its entries one
+  packed page (:func:`page_entries`);
   ``topic_commit([CommitItem])``: one WriteBatch for them all.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+import msgpack
 
 # MQTT 5 properties of a PUBLISH kept in the log with its payload (topics-spec: "properties worth keeping")
 KEPT_PROPERTIES = ("payload_format_indicator", "content_type", "response_topic", "correlation_data")
@@ -57,16 +60,17 @@ class ReadRequest(NamedTuple):
 
 
 class ReadResult(NamedTuple):
-    """The answer to one :class:`ReadRequest`: ``entries`` as :class:`Entry` tuples in offset order, and the
-    partition's bounds (first retained offset, next offset to assign)."""
+    """The answer to one :class:`ReadRequest`: ``entries`` as a packed page (:func:`page_entries` gives its
+    :class:`Entry` tuples in offset order), and the partition's bounds (first retained offset, next offset to
+    assign)."""
 
-    entries: list
+    entries: bytes
     low: int
     next: int
 
 
 class Entry(NamedTuple):
-    """One log entry as it crosses Ray (``storage.topics.LogEntry`` without topic and partition)."""
+    """One log entry as a consumer gets it from a page (``storage.topics.LogEntry`` without topic and partition)."""
 
     offset: int
     ts_ms: int
@@ -76,10 +80,21 @@ class Entry(NamedTuple):
     payload: bytes
     properties: list | None
 
-    @staticmethod
-    def of(e: Any) -> tuple:
-        """The wire form of a ``storage.topics.LogEntry``."""
-        return (e.offset, e.ts_ms, e.mqtt_topic, e.client_id, e.qos, e.payload, e.properties)
+
+EMPTY_PAGE = b"\x90"  # a packed page without entries (an empty msgpack array)
+
+
+def page_entries(page: bytes) -> list[tuple]:
+    """The :class:`Entry` tuples of a packed page (``storage.topics.read_log_packed``: a msgpack array of
+    ``[offset, [ts_ms, mqtt_topic, client_id, qos, payload, properties]]``), decoded in one call.
+
+    Raises:
+        ValueError: not such a page (msgpack's own errors are ValueError subclasses, or TypeError on a wrong shape).
+    """
+    try:
+        return [(offset, *value) for offset, value in msgpack.unpackb(page, raw=False)]
+    except TypeError as exc:
+        raise ValueError(f"malformed topic page: {exc}") from None
 
 
 class CommitItem(NamedTuple):
@@ -126,5 +141,5 @@ def kept_properties(properties: Any) -> list | None:
     return out
 
 
-__all__ = ["AppendItem", "AppendResult", "ReadRequest", "ReadResult", "Entry", "CommitItem", "kept_properties",
-           "by_shard", "in_order"]
+__all__ = ["AppendItem", "AppendResult", "ReadRequest", "ReadResult", "Entry", "EMPTY_PAGE", "page_entries", "CommitItem",
+           "kept_properties", "by_shard", "in_order"]
