@@ -70,6 +70,22 @@ class ControllerSource:
     def info(self, names: list[str] | None = None) -> dict[str, Any]:
         return self._get(self._c.topic_info.remote(names))
 
+    def read_nowait(self, requests: list[tuple]) -> Any:
+        """Start the reads; returns a callable that waits for their answers (:meth:`read` again if a primary was
+        replaced meanwhile)."""
+        per, refs = self._call("topic_read", requests, lambda r: r[1])
+
+        def wait() -> list[tuple]:
+            import ray
+
+            try:
+                return in_order(per, self._get(refs), len(requests))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                self._dispatchers = None
+                return self.read(requests)
+
+        return wait
+
     def read(self, requests: list[tuple]) -> list[tuple]:
         import ray
 

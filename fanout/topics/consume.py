@@ -4,7 +4,11 @@ data dir.
 Strategy: the source (:class:`LogSource`: the running cluster's controller, or the stores of a stopped one,
 :mod:`fanout.topics.local_source`) answers batched calls, so a page is ONE read call for every partition still
 behind (at most ``page`` entries each, and the source's byte cap) and, with ``ack``, ONE commit call for every
-partition it printed from. Memory stays bounded by a page whatever the backlog.
+partition it printed from. Memory stays bounded by two pages whatever the backlog: with a source that can read
+without waiting (``read_nowait``), the next page is asked for as soon as a page arrives, its positions guessed
+from the page's entry count and first offset (:func:`next_requests`), so the shard reads it while this side
+decodes and emits; a guess that turns out wrong (entries missing inside a page) is dropped and the page read
+again.
 
 Where a partition starts: after the group's committed offset when it has one (a group resumes where it
 acknowledged, whatever ``start`` says); else ``earliest`` (the first retained offset), ``latest`` (the next offset
@@ -34,6 +38,38 @@ class LogSource(Protocol):
     def read(self, requests: list[tuple]) -> list[tuple]: ...
 
     def commit(self, items: list[tuple]) -> int: ...
+
+
+def page_span(packed: bytes) -> tuple[int, int] | None:
+    """``(first offset, entry count)`` of a non-empty packed page read from its first bytes, without decoding it;
+    None for an empty page or one not in ``storage.topics.read_log_packed``'s form."""
+    head = packed[0] if packed else 0
+    if 0x91 <= head <= 0x9F:
+        n, at = head & 0x0F, 1
+    elif head == 0xDC and len(packed) >= 3:
+        n, at = int.from_bytes(packed[1:3], "big"), 3
+    elif head == 0xDD and len(packed) >= 5:
+        n, at = int.from_bytes(packed[1:5], "big"), 5
+    else:
+        return None
+    if n == 0 or packed[at:at + 2] != b"\x92\xcf" or len(packed) < at + 10:
+        return None
+    return int.from_bytes(packed[at + 2:at + 10], "big"), n
+
+
+def next_requests(topic: str, active: list[int], results: list[tuple], want: int) -> list[tuple] | None:
+    """The read requests that will follow ``results`` if every page holds consecutive offsets and is emitted
+    whole (what :func:`consume` then asks for), or None when that cannot be told from the pages' first bytes."""
+    out = []
+    for p, raw in zip(active, results):
+        packed, _low, nxt = ReadResult(*raw)
+        span = page_span(packed)
+        if span is None:
+            return None
+        position = span[0] + span[1]
+        if position < nxt:
+            out.append(ReadRequest.build(topic, p, position, want))
+    return out
 
 
 class UnknownTopic(LookupError):
@@ -120,10 +156,23 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
     done_commits: dict[int, int] = {}
     last_progress = time.monotonic()
     commit_nowait = getattr(source, "commit_nowait", None)  # a source that can commit while the next page is read
+    read_nowait = getattr(source, "read_nowait", None)  # ... and read the next page while this one is emitted
     waiting: Callable[[], Any] | None = None
+    ahead: tuple[list[tuple], Callable[[], list[tuple]]] | None = None  # (the requests guessed, their answers)
     while active and (limit is None or emitted < limit):
         want = page if limit is None else max(1, min(page, limit - emitted))
-        results = source.read([ReadRequest.build(topic, p, positions[p], want) for p in active])
+        requests = [ReadRequest.build(topic, p, positions[p], want) for p in active]
+        if ahead is not None and ahead[0] == requests:
+            results = ahead[1]()
+        else:  # nothing read ahead, or the guess was wrong: its answer is dropped
+            results = source.read(requests)
+        ahead = None
+        if read_nowait is not None:
+            total = sum(span[1] for span in map(page_span, (r[0] for r in results)) if span is not None)
+            later = want if limit is None else max(1, min(page, limit - emitted - total))
+            guess = next_requests(topic, active, results, later)
+            if guess and (limit is None or emitted + total < limit):
+                ahead = (guess, read_nowait(guess))
         commits: list[tuple] = []
         still: list[int] = []
         for p, raw in zip(active, results):

@@ -125,3 +125,86 @@ def test_start_parsing_and_json():
     assert entry_json("t", 1, e) == {"topic": "t", "partition": 1, "offset": 3, "ts_ms": 1000,
                                      "mqtt_topic": "ecp/V/response", "client_id": "V", "payload_b64": "/wA="}
     assert entry_json("t", 1, (*e[:5], "hé".encode(), None))["payload"] == "hé"
+
+
+# -- reading ahead (a source with read_nowait: the running cluster's) -------------------------------------------
+class _ReadAhead:
+    """A LocalLogSource that can also start a read without waiting (answered when waited for, as Ray's would)."""
+
+    def __init__(self, src):
+        self.src, self.reads, self.ahead, self.used = src, 0, 0, 0
+
+    def info(self, names):
+        return self.src.info(names)
+
+    def read(self, requests):
+        self.reads += 1
+        return self.src.read(requests)
+
+    def read_nowait(self, requests):
+        self.ahead += 1
+
+        def wait():
+            self.used += 1
+            return self.src.read(requests)
+        return wait
+
+    def commit(self, items):
+        return self.src.commit(items)
+
+
+@pytest.mark.parametrize("kw", [{}, {"limit": 100}, {"limit": 7}, {"ack": True}])
+def test_reading_ahead_gives_what_reading_in_turn_gives(filled, kw):
+    data_dir, _ = filled
+    plain, r1 = _run(data_dir, "plain", start="earliest", page=7, **kw)
+    with LocalLogSource(data_dir, sync=False) as src:
+        ahead = _ReadAhead(src)
+        got: list[tuple[int, tuple]] = []
+        r2 = consume(ahead, "responses", "ahead", start="earliest", page=7, emit=lambda p, e: got.append((p, e)), **kw)
+    assert got == plain and r2.emitted == r1.emitted and r2.positions == r1.positions
+    if "limit" not in kw or kw["limit"] > 7:
+        assert ahead.reads == 1 and ahead.used >= 2  # after the first page every page was read ahead
+    assert ahead.used <= ahead.ahead
+
+
+def test_a_page_with_missing_offsets_is_read_again_not_skipped():
+    """Offsets inside a partition are consecutive in this store (pruning takes a prefix); a source whose are not
+    makes the guessed next request wrong: that answer is dropped and the right page is read."""
+    import msgpack
+
+    from fanout.topics.consume import page_span
+
+    offsets = [0, 1, 2, 5, 6, 9, 10, 11]
+
+    def page(start, want):
+        chosen = [o for o in offsets if o >= start][:want]
+        body = b"".join(b"\x92\xcf" + o.to_bytes(8, "big") + msgpack.packb([1, "t/a", "c", 1, b"%d" % o, None])
+                        for o in chosen)
+        return bytes((0x90 | len(chosen),)) + body
+
+    class Holes:
+        reads = 0
+        asked: list[tuple] = []
+
+        def info(self, names):
+            return {"responses": {"spec": {"partitions": 1}, "partitions": {0: [0, 12]}, "groups": {}}}
+
+        def read(self, requests):
+            self.reads += 1
+            self.asked.extend(requests)
+            return [(page(r[2], r[3]), 0, 12) for r in requests]
+
+        def read_nowait(self, requests):
+            answer = self.read(requests)
+            return lambda: answer
+
+        def commit(self, items):
+            return len(items)
+
+    assert page_span(page(0, 3)) == (0, 3) and page_span(b"\x90") is None and page_span(b"\x93\x01") is None
+    src = Holes()
+    got: list[int] = []
+    r = consume(src, "responses", "g", start="earliest", page=3, emit=lambda p, e: got.append(e[0]))
+    assert got == offsets and r.emitted == len(offsets)
+    # read 0 -> [0, 1, 2]; ahead 3 (right) -> [5, 6, 9]; ahead 8 (wrong: 10 follows 9), dropped; read 10 -> [10, 11]
+    assert [a[2] for a in src.asked] == [0, 3, 8, 10] and src.reads == 4
