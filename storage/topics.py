@@ -38,6 +38,7 @@ from storage import keys
 SEP = keys.SEP
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_HEADERS = msgpack.Packer()  # pack_array_header: a packed page's array header
 MAX_PARTITION = (1 << 32) - 1
 MAX_PARTITIONS = 4096
 MAX_FILTER_BYTES = 480
@@ -428,10 +429,10 @@ def read_log_packed(txn: lmdb.Transaction, db: Any, topic: str, partition: int, 
     """
     prefix = partition_prefix(topic, partition)
     if limit < 1:
-        return _array_header(0), 0
+        return _HEADERS.pack_array_header(0), 0
     cur = txn.cursor(db)
     if not cur.set_range(prefix + _U64.pack(check_offset(from_offset, "from_offset"))):
-        return _array_header(0), 0
+        return _HEADERS.pack_array_header(0), 0
     parts: list[bytes] = []
     size = 0
     plen = len(prefix)
@@ -445,14 +446,7 @@ def read_log_packed(txn: lmdb.Transaction, db: Any, topic: str, partition: int, 
         parts.append(b"\x92\xcf" + key[plen:end] + raw)
         if len(parts) >= limit:
             break
-    return _array_header(len(parts)) + b"".join(parts), len(parts)
-
-
-def _array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
+    return _HEADERS.pack_array_header(len(parts)) + b"".join(parts), len(parts)
 
 
 def read_bounds(txn: lmdb.Transaction, log_db: Any, counters_db: Any, topic: str, partition: int) -> tuple[int, int]:

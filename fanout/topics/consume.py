@@ -6,7 +6,7 @@ Strategy: the source (:class:`LogSource`: the running cluster's controller, or t
 behind (at most ``page`` entries each, and the source's byte cap) and, with ``ack``, ONE commit call for every
 partition it printed from. Memory stays bounded by two pages whatever the backlog: with a source that can read
 without waiting (``read_nowait``), the next page is asked for as soon as a page arrives, its positions guessed
-from the page's entry count and first offset (:func:`next_requests`), so the shard reads it while this side
+from the page's entry count and first offset (:func:`page_span`), so the shard reads it while this side
 decodes and emits; a guess that turns out wrong (entries missing inside a page) is dropped and the page read
 again.
 
@@ -23,6 +23,8 @@ import base64
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
+
+import msgpack
 
 from fanout.topics.records import CommitItem, ReadRequest, ReadResult, page_entries
 
@@ -41,35 +43,18 @@ class LogSource(Protocol):
 
 
 def page_span(packed: bytes) -> tuple[int, int] | None:
-    """``(first offset, entry count)`` of a non-empty packed page read from its first bytes, without decoding it;
-    None for an empty page or one not in ``storage.topics.read_log_packed``'s form."""
-    head = packed[0] if packed else 0
-    if 0x91 <= head <= 0x9F:
-        n, at = head & 0x0F, 1
-    elif head == 0xDC and len(packed) >= 3:
-        n, at = int.from_bytes(packed[1:3], "big"), 3
-    elif head == 0xDD and len(packed) >= 5:
-        n, at = int.from_bytes(packed[1:5], "big"), 5
-    else:
-        return None
-    if n == 0 or packed[at:at + 2] != b"\x92\xcf" or len(packed) < at + 10:
-        return None
-    return int.from_bytes(packed[at + 2:at + 10], "big"), n
-
-
-def next_requests(topic: str, active: list[int], results: list[tuple], want: int) -> list[tuple] | None:
-    """The read requests that will follow ``results`` if every page holds consecutive offsets and is emitted
-    whole (what :func:`consume` then asks for), or None when that cannot be told from the pages' first bytes."""
-    out = []
-    for p, raw in zip(active, results):
-        packed, _low, nxt = ReadResult(*raw)
-        span = page_span(packed)
-        if span is None:
+    """``(first offset, entry count)`` of a non-empty packed page, read from its first bytes without decoding the
+    rest; None for an empty page or one not of ``[offset, value]`` pairs."""
+    head = msgpack.Unpacker()
+    head.feed(packed[:16])  # the array's header, the first pair's header and its offset: 15 bytes at most
+    try:
+        n = head.read_array_header()
+        if n == 0 or head.read_array_header() != 2:
             return None
-        position = span[0] + span[1]
-        if position < nxt:
-            out.append(ReadRequest.build(topic, p, position, want))
-    return out
+        first = head.unpack()
+    except (ValueError, msgpack.OutOfData):
+        return None
+    return (first, n) if type(first) is int else None
 
 
 class UnknownTopic(LookupError):
@@ -167,12 +152,15 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
         else:  # nothing read ahead, or the guess was wrong: its answer is dropped
             results = source.read(requests)
         ahead = None
-        if read_nowait is not None:
-            total = sum(span[1] for span in map(page_span, (r[0] for r in results)) if span is not None)
-            later = want if limit is None else max(1, min(page, limit - emitted - total))
-            guess = next_requests(topic, active, results, later)
-            if guess and (limit is None or emitted + total < limit):
-                ahead = (guess, read_nowait(guess))
+        if read_nowait is not None:  # guess the next requests: every page consecutive and emitted whole
+            spans = [page_span(ReadResult(*r).entries) for r in results]
+            total = sum(span[1] for span in spans if span is not None)
+            if None not in spans and (limit is None or emitted + total < limit):
+                later = want if limit is None else max(1, min(page, limit - emitted - total))
+                guess = [ReadRequest.build(topic, p, first + n, later)
+                         for p, (first, n), r in zip(active, spans, results) if first + n < ReadResult(*r).next]
+                if guess:
+                    ahead = (guess, read_nowait(guess))
         commits: list[tuple] = []
         still: list[int] = []
         for p, raw in zip(active, results):
