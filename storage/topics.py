@@ -1,3 +1,4 @@
+# Over 500 lines: the durable topics' stored format (catalog rows, validation, keys, values, the reads and scan rows of those tables) is one format, kept together; the writes are in topic_apply.py.
 """Durable topics in the store: the catalog, the per-partition logs, their counters and the groups' offsets.
 
 Strategy (issue 14; the tables are listed in :mod:`storage.tables`):
