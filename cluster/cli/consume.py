@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from cluster.cli.status import _common
 from fanout.topics.records import by_shard, in_order
@@ -70,49 +70,40 @@ class ControllerSource:
     def info(self, names: list[str] | None = None) -> dict[str, Any]:
         return self._get(self._c.topic_info.remote(names))
 
-    def read_nowait(self, requests: list[tuple]) -> Any:
-        """Start the reads; returns a callable that waits for their answers (:meth:`read` again if a primary was
-        replaced meanwhile)."""
-        per, refs = self._call("topic_read", requests, lambda r: r[1])
+    def _nowait(self, method: str, items: list[tuple], partition_of: Any, combine: Callable[[Any, list], Any],
+                retry_on: tuple[type[BaseException], ...]) -> Callable[[], Any]:
+        """Start ``method`` on the shards; returns a callable that waits for the answers (``combine(per, answers)``).
+        If the wait fails with ``retry_on`` (a primary was replaced), it asks the controller for the handles again
+        and makes the calls once more; a second failure is raised."""
+        per, refs = self._call(method, items, partition_of)
 
-        def wait() -> list[tuple]:
-            import ray
-
+        def wait() -> Any:
             try:
-                return in_order(per, self._get(refs), len(requests))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return combine(per, self._get(refs))
+            except retry_on:
                 self._dispatchers = None
-                return self.read(requests)
+            again, refs_again = self._call(method, items, partition_of)
+            return combine(again, self._get(refs_again))
 
         return wait
 
-    def read(self, requests: list[tuple]) -> list[tuple]:
+    def read_nowait(self, requests: list[tuple]) -> Callable[[], list[tuple]]:
+        """Start the reads; returns a callable that waits for their answers."""
         import ray
 
-        for attempt in (0, 1):
-            per, refs = self._call("topic_read", requests, lambda r: r[1])
-            try:
-                return in_order(per, self._get(refs), len(requests))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if attempt:
-                    raise
-                self._dispatchers = None  # a primary was replaced: ask the controller again
-        raise AssertionError("unreachable")
+        return self._nowait("topic_read", requests, lambda r: r[1], lambda per, got: in_order(per, got, len(requests)),
+                            (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
 
-    def commit_nowait(self, items: list[tuple]) -> Any:
+    def read(self, requests: list[tuple]) -> list[tuple]:
+        return self.read_nowait(requests)()
+
+    def commit_nowait(self, items: list[tuple]) -> Callable[[], int]:
         """Start the commits; returns a callable that waits for them (and returns how many were committed)."""
-        per, refs = self._call("topic_commit", items, lambda i: i[2])
+        import ray
 
-        def wait() -> int:
-            import ray
-
-            try:
-                return sum(self._get(refs))
-            except ray.exceptions.RayActorError:  # the primary died: commit again on its successor
-                self._dispatchers = None
-                return self.commit(items)
-
-        return wait
+        # the primary died: commit again on its successor (a commit never moves a group back, so twice is harmless)
+        return self._nowait("topic_commit", items, lambda i: i[2], lambda per, got: sum(got),
+                            (ray.exceptions.RayActorError,))
 
     def commit(self, items: list[tuple]) -> int:
         return self.commit_nowait(items)()
