@@ -268,10 +268,20 @@ class Pump:
         assert self._writer is not None and self._outbox is not None
         epoch = self._epoch
         exclude = frozenset(self._cold_seqs | self._inflight.seqs() | self._removing)
-        items = await self._writer.read(self._outbox.load_ready, now_ms(), exclude, _REFILL)
+        # Cleared before the read, not after: a commit that lands while the read runs (the writer is another
+        # thread) sets it again, and the read may not see that commit. Cleared after, such a submission stayed in
+        # the outbox with nothing left to load it (test_durability_always_never_goes_hot hung, rarely, in CI).
+        self._outbox_dirty = False
+        try:
+            items = await self._writer.read(self._outbox.load_ready, now_ms(), exclude, _REFILL)
+        except BaseException:
+            self._outbox_dirty = True
+            raise
         if epoch != self._epoch:
+            self._outbox_dirty = True
             return
-        self._outbox_dirty = len(items) >= _REFILL
+        if len(items) >= _REFILL:
+            self._outbox_dirty = True
         for sub in items:
             if sub.seq not in self._cold_seqs and sub.seq not in self._inflight and sub.seq not in self._removing:
                 self._cold.append(sub)
