@@ -11,6 +11,8 @@ import sys
 
 import structlog
 
+from fanout.mqtt.log_level import enabled, set_level
+
 _configured = False
 
 
@@ -68,6 +70,7 @@ def configure(*, json: bool | None = None, level: str | None = None, cache: bool
         cache_logger_on_first_use=cache,
     )
     _configured = True
+    set_level(numeric)
 
 
 def ensure_configured() -> None:
@@ -75,3 +78,6 @@ def ensure_configured() -> None:
     first thing in their constructor: a connect logs on the node, filtered or not)."""
     if not _configured:
         configure(cache=True)
+
+
+__all__ = ["configure", "enabled", "ensure_configured"]

@@ -14,12 +14,14 @@ that a DUP resend is not routed twice (MQTT-4.3.3-2).
 from __future__ import annotations
 
 import json
+from logging import INFO
 from typing import Any
 
 import structlog
 
 from .codec import encode_puback, encode_pubcomp, encode_pubrec
 from .link5 import negative_ack5
+from .log_level import enabled as log_enabled
 from .connection import CONNECTED, Connection
 from .delivery import Delivery
 from .hooks import new_heartbeat, new_ingest_ticket, new_local_publish
@@ -132,7 +134,8 @@ class Inbound:
             cache.clear()
         cache[topic] = allowed
         if not allowed:
-            log.info("mqtt publish denied", client_id=conn.client_id, topic=topic)
+            if log_enabled(INFO):  # a client may publish where it may not at line rate: keep the refusal cheap
+                log.info("mqtt publish denied", client_id=conn.client_id, topic=topic)
         return allowed
 
     def on_pubrel(self, conn: Connection, p: Pubrel) -> None:

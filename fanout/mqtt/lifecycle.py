@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from logging import INFO
 from typing import Any, Callable
 
 import structlog
@@ -42,6 +43,7 @@ from .errors import ProtocolError, UnsupportedProtocol
 from .expiry import SessionExpiry
 from .hooks import new_client_connected, new_client_disconnected
 from .link5 import CONNACK_CODE_5, NEVER_EXPIRES, Link5, connack_properties, keepalive_s, refusal5, session_expiry_s
+from .log_level import enabled as log_enabled
 from .login_guard import peer_host
 from .message5 import message_props
 from .principals import may_evict
@@ -266,9 +268,10 @@ class Lifecycle:
             self._delivery.resume(s)
         st.emit(new_client_connected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
                                      principal.vehicle))
-        log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
-                 role=principal.role, clean_session=clean_start, session_present=present,
-                 keepalive=keepalive, generation=conn.generation, protocol=5 if link is not None else 4)
+        if log_enabled(INFO):  # filtered out, the call alone costs ~3 µs per connect (fanout.mqtt.log_level)
+            log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
+                     role=principal.role, clean_session=clean_start, session_present=present,
+                     keepalive=keepalive, generation=conn.generation, protocol=5 if link is not None else 4)
 
     def _expiry_ms(self, seconds: int) -> int:
         return -1 if seconds == NEVER_EXPIRES else seconds * 1000  # -1: never
@@ -387,8 +390,9 @@ class Lifecycle:
             else:
                 self.publish_will(s.client_id, w)  # MQTT-3.1.2-8
         st.emit(new_client_disconnected(s.client_id, conn.generation, reason, published, kept, tags))
-        log.info("mqtt client disconnected", client_id=s.client_id, peer=conn.peer, reason=reason,
-                 will_published=published, session_kept=kept, generation=conn.generation)
+        if log_enabled(INFO):
+            log.info("mqtt client disconnected", client_id=s.client_id, peer=conn.peer, reason=reason,
+                     will_published=published, session_kept=kept, generation=conn.generation)
 
     def publish_will(self, client_id: str, w: Any) -> None:
         """Publish a will (3.1.1 ``Will`` or MQTT 5 ``Will5`` with its properties)."""
