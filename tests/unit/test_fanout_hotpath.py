@@ -13,15 +13,8 @@ from fanout.mqtt.packets import Connect, Subscribe
 from fanout.dispatcher.ingest_batch import merge_head_result, split_head
 from fanout.dispatcher.rows import TickRows
 from fanout.records import IngestItem, join_vins, pack_batch, split_vins, unpack_batch
-from storage import ShardStore, WriteBatch
+from storage import WriteBatch
 from storage.keys import ids_key
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "shard-0", 0, sync=False)
-    yield s
-    s.close()
 
 
 def _queue(store, vin: str, n: int) -> list[bytes]:

@@ -15,10 +15,8 @@ T0 = 1_700_000_000_000
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "shard-3", 3, sync=False)
-    yield s
-    s.close()
+def store(make_store):
+    return make_store(3)
 
 
 def _read(out, table, shard=3):

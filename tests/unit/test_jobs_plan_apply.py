@@ -87,11 +87,10 @@ def full_plan() -> list[dict]:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "shard-0", 0, sync=False)
+def store(make_store):
+    s = make_store(0)
     build(s)
-    yield s
-    s.close()
+    return s
 
 
 def test_apply_deletes_and_repoints_in_phase_order(store, tmp_path):

@@ -3,16 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from storage import ShardStore, WriteBatch, keys, tables
+from storage import WriteBatch, keys, tables
 
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "s", 0, sync=False)
-    yield s
-    s.close()
 
 
 def test_repoint_ids_if_is_guarded_and_replicates(store):

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage import ShardStore, WriteBatch, tables
+from storage import WriteBatch, tables
 from storage.jobs import plan as P
 from storage.jobs import plan_apply as A
 from storage.jobs import topic_plan as TP
@@ -18,13 +18,6 @@ from .test_jobs_plan_apply import ids, write_plan
 T0 = 1_700_000_000_000
 PRUNE_SCHEMA = pa.schema([("topic", pa.string()), ("partition", pa.int64()), ("below_offset", pa.int64()),
                           ("entries", pa.int64()), ("bytes", pa.int64()), ("dropped_unconsumed", pa.int64())])
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "shard-0", 0, sync=False)
-    yield s
-    s.close()
 
 
 def append(store, n, topic="resp", partition=0):

@@ -6,18 +6,17 @@ import json
 
 import pytest
 
-from storage import ShardStore, WriteBatch, keys, tables, topics
+from storage import WriteBatch, keys, tables, topics
 
 T0 = 1_700_000_000_000
 R = topics.RECEIPTS_NAME
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "s", 2, sync=False)
+def store(make_store):
+    s = make_store(2)
     s.apply(WriteBatch().put_blob("d", b"B", T0))
-    yield s
-    s.close()
+    return s
 
 
 def receipts(store, shard=2) -> list[dict]:

@@ -130,13 +130,6 @@ def test_counters_equal_a_recount_of_the_rows(ops):
             replica.close()
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = ShardStore(shard_dir(tmp_path, 0), 0, sync=False)
-    yield s
-    s.close()
-
-
 def test_cancel_removes_pending_rows_and_a_late_puback_is_recorded(store):
     store.apply(WriteBatch().enqueue_many(["A", "B", "C"], T0, "r", "d"))
     store.apply(WriteBatch().ack("A", T0, "r", T0 + 5))

@@ -23,13 +23,6 @@ from storage import tables
 T0 = 1_700_000_000_000
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = ShardStore(shard_dir(tmp_path, 0), 0, sync=False)
-    yield s
-    s.close()
-
-
 def dump(store: ShardStore) -> dict[str, list[dict]]:
     out = {}
     for db in tables.ALL_DBS:

@@ -6,17 +6,10 @@ import pytest
 
 from fanout.topics.log_calls import TopicCatalog
 from fanout.topics.records import EMPTY_PAGE, ReadRequest, ReadResult, page_entries
-from storage import ShardStore, WriteBatch
+from storage import WriteBatch
 from storage.topics import TopicSpec
 
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = ShardStore(tmp_path / "s", 0, sync=False)
-    yield s
-    s.close()
 
 
 def decoded(store, partition, start, limit, **kw):

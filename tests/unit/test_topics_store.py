@@ -22,13 +22,6 @@ def open_store(path, shard_id=0, **kw):
     return ShardStore(path, shard_id, sync=False, **kw)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(tmp_path / "s")
-    yield s
-    s.close()
-
-
 def entry(i: int, vin: str = "V1", props=None) -> tuple:
     return (f"ecp/{vin}/response", vin, 1, f"m{i}".encode(), props)
 
@@ -274,9 +267,9 @@ def test_big_appends_grow_the_map_ahead_instead_of_failing_once(tmp_path):
     tiny.close()
 
 
-def test_outcome_ops_estimate_their_receipts(tmp_path):
+def test_outcome_ops_estimate_their_receipts(make_store):
     vins = [f"VIN{i:06d}" for i in range(20_000)]
-    s = open_store(tmp_path / "s", map_size_bytes=64 << 20)
+    s = make_store(0, map_size_bytes=64 << 20)
     s.apply(WriteBatch().enqueue_many(vins, T0, "r", "d"))
     acks = WriteBatch()
     for v in vins:
