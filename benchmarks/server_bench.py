@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -559,9 +560,13 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
 
 def is_partial(quick: bool, systems: Sequence[str], phases: Sequence[str], sizes: Sizes) -> bool:
     """Whether a run is narrower than the whole benchmark of its mode: some systems or phases, other sizes, or
-    profiled (py-spy takes CPU from the servers). Such a run writes ``server_bench[_quick]_partial``."""
-    return (set(systems) != set(SYSTEMS) or set(phases) != set(PHASES) or sizes != (QUICK if quick else FULL)
-            or bool(PROFILE["dir"]))
+    profiled (py-spy takes CPU from the servers). Such a run writes ``server_bench[_quick]_partial``. More
+    fanout repeats than the mode's (``--repeats 3``) are the whole benchmark measured more carefully (the median
+    of more runs), not a narrower one."""
+    mode = QUICK if quick else FULL
+    if sizes.fanout_repeats >= mode.fanout_repeats:
+        sizes = dataclasses.replace(sizes, fanout_repeats=mode.fanout_repeats)
+    return set(systems) != set(SYSTEMS) or set(phases) != set(PHASES) or sizes != mode or bool(PROFILE["dir"])
 
 
 def run(quick: bool = False, *, out_dir: str | Path | None = None, systems: Sequence[str] = SYSTEMS,

@@ -29,6 +29,10 @@ def test_server_bench_whole_run_only_with_every_system_phase_and_the_mode_sizes(
     assert server_bench.is_partial(False, ["fanout"], server_bench.PHASES, server_bench.FULL)
     assert server_bench.is_partial(False, server_bench.SYSTEMS, ["connection_storm"], server_bench.FULL)
     assert server_bench.is_partial(False, *every, replace(server_bench.FULL, vehicles=500))
+    # more fanout repeats (the median of more runs) is the whole benchmark; fewer than the mode's is not
+    assert not server_bench.is_partial(False, *every, replace(server_bench.FULL, fanout_repeats=3))
+    assert server_bench.is_partial(False, *every, replace(server_bench.FULL, fanout_repeats=3, vehicles=500))
+    assert server_bench.is_partial(False, *every, replace(server_bench.FULL, fanout_repeats=0))
     server_bench.PROFILE["dir"] = "/tmp/profile"
     try:
         assert server_bench.is_partial(False, *every, server_bench.FULL)
