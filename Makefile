@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto peers nodemqtt chromium clean
+.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto peers nodemqtt chromium valgrind clean
 
 install: $(STAMP)
 
@@ -56,6 +56,12 @@ build/cfleet: $(wildcard benchmarks/cfleet/*.c benchmarks/cfleet/*.h)
 chromium:
 	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null)
+
+# valgrind for `python -m benchmarks.instructions` (instructions per event under callgrind: A/B runs that do not
+# move with the machine's load) (Debian package).
+valgrind:
+	@command -v valgrind >/dev/null || \
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind) >/dev/null)
 
 run: install
 	$(BIN)/python -m scripts.demo
