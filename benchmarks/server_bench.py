@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -565,7 +564,7 @@ def is_partial(quick: bool, systems: Sequence[str], phases: Sequence[str], sizes
     of more runs), not a narrower one."""
     mode = QUICK if quick else FULL
     if sizes.fanout_repeats >= mode.fanout_repeats:
-        sizes = dataclasses.replace(sizes, fanout_repeats=mode.fanout_repeats)
+        sizes = replace(sizes, fanout_repeats=mode.fanout_repeats)
     return set(systems) != set(SYSTEMS) or set(phases) != set(PHASES) or sizes != mode or bool(PROFILE["dir"])
 
 
