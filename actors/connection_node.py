@@ -31,6 +31,7 @@ import structlog
 
 from fanout import log as fanout_log
 from fanout.node.core import NodeCore
+from fanout.node.retained_writes import RetainedWrites
 from fanout.records import Kick, pack_batch, unpack_batch
 
 from . import channels
@@ -153,8 +154,7 @@ class ConnectionNode:
         self._flush_at = 0.0  # loop time the scheduled flush runs at
         self._fanout_sys: dict[str, Any] = {}
         self._stopping = False
-        self._retained_store: Any = None
-        self._retained_file: Any = None
+        self._retained_writes: RetainedWrites | None = None
         self._deliver_s = 0.0
         self._deliver_calls = 0
         self._event_calls = 0
@@ -196,21 +196,16 @@ class ConnectionNode:
         for topic, (payload, qos) in restored.items():
             store.set(topic, payload, qos)
         store.track_changes()
-        self._retained_store = store
-        self._retained_file = RetainedFile(retained_dir(data_dir) / f"{self.node_id}.lmdb")
+        self._retained_writes = RetainedWrites(store, RetainedFile(retained_dir(data_dir) / f"{self.node_id}.lmdb"),
+                                               self.node_id)
         if restored:
             log.info("retained messages restored", node_id=self.node_id, topics=len(restored))
 
     async def _persist_retained(self) -> None:
-        """Write the retained changes since the last call (one fsynced transaction, off the event loop)."""
-        changes = self._retained_store.take_changes() if self._retained_store is not None else {}
-        if changes and self._retained_file is not None:
-            try:
-                await self._loop.run_in_executor(None, self._retained_file.write, changes)
-            except Exception as exc:  # kept in memory; retried with the next change set
-                self._retained_store.requeue(changes)
-                log.error("retained messages not persisted", node_id=self.node_id, topics=len(changes),
-                          error=str(exc))
+        """Write the retained changes since the last call (one fsynced transaction, off the event loop; after a
+        write still running, also when its caller was cancelled: see fanout.node.retained_writes)."""
+        if self._retained_writes is not None:
+            await self._retained_writes.persist()
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
