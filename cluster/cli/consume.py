@@ -59,7 +59,8 @@ class ControllerSource:
         except ray.exceptions.RayTaskError as exc:
             raise RuntimeError(remote_error_text(exc)) from None
 
-    def _call(self, method: str, items: list[tuple], partition_of: Any) -> tuple[dict[int, list[int]], list[Any]]:
+    def _call(self, method: str, items: list[tuple],
+              partition_of: Callable[[tuple], int]) -> tuple[dict[int, list[int]], list[Any]]:
         """Start ``method`` on each shard's dispatcher with its part of ``items`` (handles from the controller)."""
         if self._dispatchers is None:
             self._dispatchers = self._get(self._c.handles.remote())["dispatchers"]
@@ -70,8 +71,8 @@ class ControllerSource:
     def info(self, names: list[str] | None = None) -> dict[str, Any]:
         return self._get(self._c.topic_info.remote(names))
 
-    def _nowait(self, method: str, items: list[tuple], partition_of: Any, combine: Callable[[Any, list], Any],
-                retry_on: tuple[type[BaseException], ...]) -> Callable[[], Any]:
+    def _nowait(self, method: str, items: list[tuple], partition_of: Callable[[tuple], int],
+                combine: Callable[[Any, list], Any], retry_on: tuple[type[BaseException], ...]) -> Callable[[], Any]:
         """Start ``method`` on the shards; returns a callable that waits for the answers (``combine(per, answers)``).
         If the wait fails with ``retry_on`` (a primary was replaced), it asks the controller for the handles again
         and makes the calls once more; a second failure is raised."""

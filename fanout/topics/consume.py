@@ -151,20 +151,20 @@ def consume(source: LogSource, topic: str, group: str, *, start: str | int = "la
             results = ahead[1]()
         else:  # nothing read ahead, or the guess was wrong: its answer is dropped
             results = source.read(requests)
+        pages = [ReadResult(*r) for r in results]
         ahead = None
         if read_nowait is not None:  # guess the next requests: every page consecutive and emitted whole
-            spans = [page_span(ReadResult(*r).entries) for r in results]
+            spans = [page_span(r.entries) for r in pages]
             total = sum(span[1] for span in spans if span is not None)
             if None not in spans and (limit is None or emitted + total < limit):
                 later = want if limit is None else max(1, min(page, limit - emitted - total))
                 guess = [ReadRequest.build(topic, p, first + n, later)
-                         for p, (first, n), r in zip(active, spans, results) if first + n < ReadResult(*r).next]
+                         for p, (first, n), r in zip(active, spans, pages) if first + n < r.next]
                 if guess:
                     ahead = (guess, read_nowait(guess))
         commits: list[tuple] = []
         still: list[int] = []
-        for p, raw in zip(active, results):
-            packed, low, nxt = ReadResult(*raw)
+        for p, (packed, low, nxt) in zip(active, pages):
             entries = page_entries(packed)
             ends[p] = nxt
             last = None

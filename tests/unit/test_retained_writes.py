@@ -25,12 +25,22 @@ class HeldFile(RetainedFile):
         return super().write(changes, now_ms)
 
 
+def writes_to(file: RetainedFile) -> tuple[RetainedStore, RetainedWrites]:
+    """A broker's retained store tracking its changes, and the writes of those changes to ``file``."""
+    store = RetainedStore()
+    store.track_changes()
+    return store, RetainedWrites(store, file, "node-0")
+
+
+def read_back(file: RetainedFile, data_dir) -> dict:
+    file.close()  # LMDB opens an environment once per process: close before reading it back
+    return load_retained(data_dir)
+
+
 def test_drains_persist_waits_for_a_write_whose_caller_was_cancelled(tmp_path):
     async def main() -> dict:
-        store = RetainedStore()
-        store.track_changes()
         file = HeldFile(tmp_path / "retained" / "node-0.lmdb")
-        writes = RetainedWrites(store, file, "node-0")
+        store, writes = writes_to(file)
         store.set("fleet/config", b"v2", 1)
         route_tick = asyncio.get_running_loop().create_task(writes.persist())
         await asyncio.get_running_loop().run_in_executor(None, file.started.wait, 10)
@@ -38,8 +48,7 @@ def test_drains_persist_waits_for_a_write_whose_caller_was_cancelled(tmp_path):
         await asyncio.gather(route_tick, return_exceptions=True)
         asyncio.get_running_loop().call_later(0.2, file.release.set)
         await writes.persist()  # drain's persist: must not return before the cancelled write landed
-        file.close()  # LMDB opens an environment once per process: close before reading it back
-        return load_retained(tmp_path)
+        return read_back(file, tmp_path)
 
     assert asyncio.run(main()) == {"fleet/config": (b"v2", 1)}
 
@@ -55,15 +64,12 @@ def test_a_failed_write_gives_its_changes_back_for_the_next(tmp_path):
             return super().write(changes, now_ms)
 
     async def main() -> dict:
-        store = RetainedStore()
-        store.track_changes()
         file = FailingOnce(tmp_path / "retained" / "node-0.lmdb")
-        writes = RetainedWrites(store, file, "node-0")
+        store, writes = writes_to(file)
         store.set("fleet/a", b"1", 0)
         await writes.persist()  # fails: the change is given back
         store.set("fleet/b", b"2", 1)
         await writes.persist()
-        file.close()  # LMDB opens an environment once per process: close before reading it back
-        return load_retained(tmp_path)
+        return read_back(file, tmp_path)
 
     assert asyncio.run(main()) == {"fleet/a": (b"1", 0), "fleet/b": (b"2", 1)}
