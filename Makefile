@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-fast bench bench-quick fuzz java mosquitto peers nodemqtt chromium valgrind clean
+.PHONY: install native run test test-unit test-fast bench bench-quick fuzz java mosquitto peers nodemqtt chromium valgrind clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "sdv-fanout needs Python >= 3.11, found " + sys.version' 
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[test,bench]" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test,bench,native]" 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import ray, lmdb, pyspark, paho.mqtt, amqtt, structlog" 
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -63,23 +63,31 @@ valgrind:
 	@command -v valgrind >/dev/null || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind) >/dev/null)
 
-run: install
+# fanout.mqtt's hot-path modules compiled with mypyc (fanout/mqtt/native.py); a no-op when they match their
+# sources. A failed build (no C compiler) leaves the Python sources running, which are always correct.
+native: install
+	@$(BIN)/python -m scripts.build_native 2>&1 | { grep -vE '^(gcc|x86_64-linux-gnu-gcc|creating|copying|running|building) |_BetaConfiguration|warnings.warn' || true; }
+	@$(BIN)/python -m scripts.build_native --check >/dev/null || \
+		echo "make native: the compiled modules were not built; fanout.mqtt runs its Python sources"
+
+run: install native
 	$(BIN)/python -m scripts.demo
 
-test: install java mosquitto nodemqtt chromium
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+# FANOUT_EXPECT_NATIVE: tests/unit/test_mqtt_native.py then fails if the hot path is not running compiled.
+test: install native java mosquitto nodemqtt chromium
+	FANOUT_EXPECT_NATIVE=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
-test-unit: install
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+test-unit: install native
+	FANOUT_EXPECT_NATIVE=1 $(BIN)/pytest -q -p no:cacheprovider tests/unit
 
-bench: install java mosquitto peers cfleet
+bench: install native java mosquitto peers cfleet
 	$(BIN)/python -m benchmarks.run
 
-bench-quick: install java mosquitto peers
+bench-quick: install native java mosquitto peers
 	$(BIN)/python -m benchmarks.run --quick
 
-fuzz: install
+fuzz: install native
 	$(BIN)/python -m scripts.fuzz_codec --iterations 1000000 --workers 2
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis var
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis var fanout/mqtt/_compiled fanout/mqtt/_compiled.new

@@ -83,6 +83,7 @@ def _d_publish(buf: bytes, first: int, pos: int, stop: int) -> Publish:
         raise MalformedPacket("PUBLISH: topic length missing (MQTT-3.3.2-1)")
     tend += (buf[pos] << 8) | buf[pos + 1]
     qos = (first >> 1) & 3
+    pid: int | None  # declared: compiled (mypyc) code checks each assignment against the first one's type
     if qos:
         body = tend + 2
         if body > stop:
@@ -249,7 +250,7 @@ def _empty_decoder(singleton: Any, name: str) -> _Decoder:
 
 
 _BY_TYPE: dict[int, tuple[str, _Decoder, int]] = {
-    # type: (name, decoder, required flags; -1 = PUBLISH flags)
+    # packet type -> (name, decoder, required flags; -1 = PUBLISH flags)
     1: ("CONNECT", _d_connect, 0),
     2: ("CONNACK", _d_connack, 0),
     3: ("PUBLISH", _d_publish, -1),

@@ -160,7 +160,7 @@ class Delivery:
         """
         st = self._st
         sessions = st.sessions
-        enc0 = None
+        enc0: bytes | None = None
         heads: list[bytes | None] | None = None  # per QoS: PUBLISH bytes before the packet id
         tb = topic.encode("utf-8")
         many = len(subs) > 1
@@ -573,7 +573,7 @@ class Delivery:
             # ACL at delivery. Every fanout message has a topic of its own (a per-topic cache never hits), so it
             # is decided once per covering filter ``P/+`` when the ACL allows every topic one level under ``P/``:
             # the caller vouches that ``topic`` matches each covering filter, as for the subscription check.
-            if not s.read_ok or s.read_principal is not principal or covering is None or s.read_filter not in covering:
+            if not s.read_ok or s.read_principal is not principal or covering is None or s.read_filter not in covering:  # type: ignore[operator]
                 if not self._can_read(principal, topic):
                     st.deliveries_denied += 1
                     return DeliverStatus.NOT_SUBSCRIBED  # this principal may not read the topic

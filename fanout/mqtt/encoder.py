@@ -93,7 +93,7 @@ def encode_publish(topic: str | bytes, payload: bytes, qos: int, retain: bool, d
     Raises:
         ValueError: bad QoS, DUP on QoS 0, bad packet id, topic over 65535 bytes, packet too large.
     """
-    tb = topic.encode("utf-8") if type(topic) is str else topic
+    tb = topic.encode("utf-8") if isinstance(topic, str) else topic
     tl = len(tb)
     if tl > 0xFFFF:
         raise ValueError(f"topic is {tl} bytes of UTF-8, the maximum is 65535")
@@ -251,14 +251,14 @@ _ENCODERS: dict[type, Callable[[Packet], bytes]] = {
     Connect: _enc_connect,  # type: ignore[dict-item]
     Connack: _enc_connack,  # type: ignore[dict-item]
     Publish: _enc_publish,  # type: ignore[dict-item]
-    Puback: lambda p: _ack(0x40, p.packet_id),  # type: ignore[union-attr]
-    Pubrec: lambda p: _ack(0x50, p.packet_id),  # type: ignore[union-attr]
-    Pubrel: lambda p: _ack(0x62, p.packet_id),  # type: ignore[union-attr]
-    Pubcomp: lambda p: _ack(0x70, p.packet_id),  # type: ignore[union-attr]
+    Puback: lambda p: _ack(0x40, p.packet_id),  # type: ignore[union-attr,arg-type]
+    Pubrec: lambda p: _ack(0x50, p.packet_id),  # type: ignore[union-attr,arg-type]
+    Pubrel: lambda p: _ack(0x62, p.packet_id),  # type: ignore[union-attr,arg-type]
+    Pubcomp: lambda p: _ack(0x70, p.packet_id),  # type: ignore[union-attr,arg-type]
     Subscribe: _enc_subscribe,  # type: ignore[dict-item]
-    Suback: lambda p: encode_suback(p.packet_id, p.return_codes),  # type: ignore[union-attr]
+    Suback: lambda p: encode_suback(p.packet_id, p.return_codes),  # type: ignore[union-attr,arg-type]
     Unsubscribe: _enc_unsubscribe,  # type: ignore[dict-item]
-    Unsuback: lambda p: _ack(0xB0, p.packet_id),  # type: ignore[union-attr]
+    Unsuback: lambda p: _ack(0xB0, p.packet_id),  # type: ignore[union-attr,arg-type]
     Pingreq: lambda p: PINGREQ_BYTES,
     Pingresp: lambda p: PINGRESP_BYTES,
     Disconnect: lambda p: DISCONNECT_BYTES,

@@ -86,7 +86,7 @@ class BrokerState:
         self.pressure = ReadPressure.from_settings(self.queue_budget, settings, lambda: self.wake())
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
-        self.trie = SubscriptionTrie()
+        self.trie: SubscriptionTrie = SubscriptionTrie()
         self.retained = RetainedStore(settings.max_retained_messages, settings.max_retained_bytes)
         self.offline: dict[str, None] = {}
         self.match_cache: dict[str, dict[str, int]] = {}

@@ -1,0 +1,93 @@
+"""``make native``: compile fanout.mqtt's hot-path modules with mypyc into ``fanout/mqtt/_compiled/``.
+
+    python -m scripts.build_native [--force] [--check]
+
+Nothing happens when the compiled modules match their sources (:func:`fanout.mqtt.native.sources_digest`).
+Otherwise mypy type-checks the modules and mypyc generates C under ``build/native/``, the system compiler
+builds it (setuptools' ``build_ext``), and ``fanout/mqtt/_compiled/`` is replaced whole: the new directory is
+filled, its digest written last, then renamed into place. A failed build removes the old compiled modules
+(the package then runs its Python sources, which is always correct), prints mypy's or the compiler's message
+and exits 1. ``--check`` builds nothing: exit 0 when up to date, 1 when not. ``--force`` builds even when up
+to date. Which modules and why: :mod:`fanout.mqtt.native`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from fanout.mqtt import native
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fanout" / "mqtt"
+WORK = ROOT / "build" / "native"  # generated C, objects, mypy's cache (git-ignored)
+
+
+def up_to_date() -> bool:
+    """Whether ``fanout/mqtt/_compiled/`` holds the compiled form of the current sources."""
+    return native.choose(PACKAGE, {})[0] == "compiled"
+
+
+def build() -> Path:
+    """Compile the modules of ``native.COMPILED``; return the directory now holding them."""
+    from mypyc.build import mypycify  # mypy, from the project's ``native`` extra
+    from setuptools import Distribution
+
+    digest = native.sources_digest(PACKAGE)  # of the sources as they are when the build starts
+    paths = [f"fanout/mqtt/{name}.py" for name in native.COMPILED]
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # mypy names the modules from the paths
+    try:
+        extensions = mypycify(["--cache-dir", str(WORK / "mypy_cache"), "--follow-imports=silent", *paths], opt_level="3",
+                              separate=[(paths, native.GROUP)], target_dir=str(WORK / "c"))
+        lib = WORK / "lib"
+        shutil.rmtree(lib, ignore_errors=True)
+        dist = Distribution({"name": "sdv-fanout-native", "ext_modules": extensions})
+        cmd = dist.get_command_obj("build_ext")
+        cmd.build_lib, cmd.build_temp = str(lib), str(WORK / "temp")
+        dist.run_command("build_ext")
+    finally:
+        os.chdir(cwd)
+    built = sorted((lib / "fanout" / "mqtt").glob("*.so"))
+    expected = {*native.COMPILED, native.GROUP.rsplit(".", 1)[1] + "__mypyc"}
+    if {p.name.split(".", 1)[0] for p in built} != expected:
+        raise RuntimeError(f"build_ext made {[p.name for p in built]}, expected one module each of {sorted(expected)}")
+    staging = PACKAGE / (native.DIR_NAME + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for p in built:
+        shutil.copy2(p, staging / p.name)
+    (staging / native.DIGEST_FILE).write_text(digest + "\n")  # last: a directory without it is never used
+    target = PACKAGE / native.DIR_NAME
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.build_native", description=__doc__.split("\n")[0])
+    ap.add_argument("--force", action="store_true", help="build even when the compiled modules are up to date")
+    ap.add_argument("--check", action="store_true", help="build nothing; exit 1 when not up to date")
+    a = ap.parse_args(argv)
+    if a.check or (up_to_date() and not a.force):
+        ok = up_to_date()
+        print(f"fanout.mqtt compiled modules: {'up to date' if ok else 'missing or stale'}")
+        return 0 if ok else 1
+    t0 = time.monotonic()
+    print(f"compiling fanout.mqtt's {', '.join(native.COMPILED)} with mypyc (~1-2 minutes)", flush=True)
+    try:
+        target = build()
+    except (Exception, SystemExit) as e:  # mypy's type errors end in SystemExit
+        shutil.rmtree(PACKAGE / native.DIR_NAME, ignore_errors=True)  # never leave stale machine code
+        print(f"build_native: FAILED ({type(e).__name__}: {e}); fanout.mqtt runs its Python sources",
+              file=sys.stderr)
+        return 1
+    print(f"compiled modules in {target.relative_to(ROOT)} ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
