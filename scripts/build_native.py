@@ -41,8 +41,8 @@ def build() -> Path:
     cwd = os.getcwd()
     os.chdir(ROOT)  # mypy names the modules from the paths
     try:
-        extensions = mypycify(["--cache-dir", str(WORK / "mypy_cache"), "--follow-imports=silent", *paths], opt_level="3",
-                              separate=[(paths, native.GROUP)], target_dir=str(WORK / "c"))
+        extensions = mypycify(["--cache-dir", str(WORK / "mypy_cache"), "--follow-imports=silent", *paths],
+                              opt_level="3", separate=[(paths, native.GROUP)], target_dir=str(WORK / "c"))
         lib = WORK / "lib"
         shutil.rmtree(lib, ignore_errors=True)
         dist = Distribution({"name": "sdv-fanout-native", "ext_modules": extensions})
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="build even when the compiled modules are up to date")
     ap.add_argument("--check", action="store_true", help="build nothing; exit 1 when not up to date")
     a = ap.parse_args(argv)
-    if a.check or (up_to_date() and not a.force):
-        ok = up_to_date()
+    ok = up_to_date()
+    if a.check or (ok and not a.force):
         print(f"fanout.mqtt compiled modules: {'up to date' if ok else 'missing or stale'}")
         return 0 if ok else 1
     t0 = time.monotonic()
