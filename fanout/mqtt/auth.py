@@ -319,7 +319,7 @@ class AccessControl:
                 return False
             flight = self._pending.get(digest)
             leader = flight is None
-            if leader:
+            if flight is None:
                 flight = self._pending[digest] = _Flight()
                 self.pbkdf2_calls += 1
         if not leader:  # the same credential is being verified by another thread: share its result

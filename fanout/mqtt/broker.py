@@ -44,8 +44,7 @@ Decisions (see also docs/mqtt.md):
 """
 from __future__ import annotations
 
-from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import structlog
 
@@ -77,11 +76,6 @@ log = structlog.get_logger(__name__)
 
 MAX_READ_BYTES = 256 * 1024  # the most asyncio's transports hand over per read (selector_events.max_size)
 AuthFn = Callable[[], Any]
-
-
-def _counter(name: str) -> property:
-    """A read-only view of one ``$SYS`` counter of the shared state."""
-    return property(attrgetter(f"state.{name}"), doc=f"``BrokerState.{name}`` ($SYS counter).")
 
 
 class Broker:
@@ -116,20 +110,63 @@ class Broker:
     shutdown: Callable[..., int]
     route_filters: Callable[[], list[str]]
 
-    clients_connected = _counter("clients_connected")
-    clients_maximum = _counter("clients_maximum")
-    msgs_received = _counter("msgs_received")
-    msgs_sent = _counter("msgs_sent")
-    pub_received = _counter("pub_received")
-    pub_sent = _counter("pub_sent")
-    pub_dropped = _counter("pub_dropped")
-    pub_denied = _counter("pub_denied")
-    bytes_received = _counter("bytes_received")
-    bytes_sent = _counter("bytes_sent")
-    subscription_count = _counter("subscription_count")
-    acks_unknown = _counter("acks_unknown")
-    protocol_errors = _counter("protocol_errors")
-    sessions_offline = _counter("sessions_offline")
+    # $SYS counters of the shared state, read-only. Spelled out: a property made by a helper at class level is a
+    # default attribute value to mypyc, which it drops (make native).
+    @property
+    def clients_connected(self) -> int:
+        return self.state.clients_connected
+
+    @property
+    def clients_maximum(self) -> int:
+        return self.state.clients_maximum
+
+    @property
+    def msgs_received(self) -> int:
+        return self.state.msgs_received
+
+    @property
+    def msgs_sent(self) -> int:
+        return self.state.msgs_sent
+
+    @property
+    def pub_received(self) -> int:
+        return self.state.pub_received
+
+    @property
+    def pub_sent(self) -> int:
+        return self.state.pub_sent
+
+    @property
+    def pub_dropped(self) -> int:
+        return self.state.pub_dropped
+
+    @property
+    def pub_denied(self) -> int:
+        return self.state.pub_denied
+
+    @property
+    def bytes_received(self) -> int:
+        return self.state.bytes_received
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.state.bytes_sent
+
+    @property
+    def subscription_count(self) -> int:
+        return self.state.subscription_count
+
+    @property
+    def acks_unknown(self) -> int:
+        return self.state.acks_unknown
+
+    @property
+    def protocol_errors(self) -> int:
+        return self.state.protocol_errors
+
+    @property
+    def sessions_offline(self) -> int:
+        return self.state.sessions_offline
 
     def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None = None, *, now_ms: int = 0,
                  defer_auth: Callable[[Connection, AuthFn], None] | None = None,
@@ -235,7 +272,7 @@ class Broker:
             return
         if packets:
             st.msgs_received += 1
-            self._lifecycle.on_connect(conn, packets[0])
+            self._lifecycle.on_connect(conn, cast("Connect | Connect5", packets[0]))  # the reader returns CONNECT first
             if conn.state is CONNECTED and conn.reader.buffered:
                 self.data_received(conn, b"", now_ms)  # what followed the CONNECT, under the connected limits
         if conn.pending_connect is not None and conn.reader.buffered > self._max_pre_auth:

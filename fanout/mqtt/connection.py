@@ -31,7 +31,7 @@ Bytes received after CLOSED/ERROR are ignored.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+from typing import Any, cast
 
 from .codec import PacketReader, encode
 from .errors import NotConnectFirst, ProtocolError
@@ -91,7 +91,7 @@ class Connection:
         wheel_slot: deadline-wheel bucket the connection is scheduled in (see :mod:`deadlines`).
         acl_cache: per-connection publish decisions by topic (created on first publish).
         pending_connect: the CONNECT whose authentication runs (its bytes-after stay in the reader), or None.
-        pending_ingest: packet ids of intercepted publishes awaiting complete/reject, or None.
+        pending_ingest: packet id -> QoS of intercepted publishes awaiting complete/reject, or None.
         write_paused: the transport asked to stop writing (QoS 0 to this connection is dropped).
         held_output: while the CONNACK is held (:mod:`connack_hold`), the output written since, else None.
         v5: None for MQTT 3.1.1; for MQTT 5 the :class:`~fanout.mqtt.link5.Link5` of the CONNECT.
@@ -126,8 +126,8 @@ class Connection:
         self.close_reason: str | None = None
         self.wheel_slot = -1
         self.acl_cache: dict[str, bool] | None = None
-        self.pending_connect: Connect | None = None
-        self.pending_ingest: set[int] | None = None
+        self.pending_connect: Connect | Connect5 | None = None
+        self.pending_ingest: dict[int, int] | None = None
         self.write_paused = False
         self.held_output: list[bytes] | None = None
         self.v5: Any = None  # MQTT 5: the connection's negotiated parameters (fanout.mqtt.link5.Link5)
@@ -234,10 +234,11 @@ class Connection:
         """
         if self.state >= CLOSED:
             raise ProtocolError(f"cannot send {type(packet).__name__} on a {self.state.name} connection")
-        if packet.__class__ is Connack or packet.__class__ is Connack5:
+        cls = packet.__class__
+        if cls is Connack or cls is Connack5:
             if self.state is not CONNECTING:
                 raise ProtocolError("CONNACK sent twice")
-            code = packet.return_code if packet.__class__ is Connack else packet.reason_code  # type: ignore[union-attr]
+            code = packet.return_code if isinstance(packet, Connack) else cast(Connack5, packet).reason_code
             if code == 0:
                 self.accepted()
             else:

@@ -117,7 +117,7 @@ class Delivery:
         if refused is not None:
             extra.pop(topic, None)  # not stored: no properties either
             self._st.caps.hit(refused, client_id=client_id, topic=topic[:200], payload_bytes=len(payload),
-                              retained_bytes=self._st.retained.bytes)
+                              retained_bytes=self._st.retained.stored_bytes)
 
     def may_read(self, s: Session, topic: str) -> bool:
         """The ACL at delivery for one session (routed recipients in :meth:`match`, shared group members one

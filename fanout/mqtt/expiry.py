@@ -11,7 +11,10 @@ dropped when it comes up.
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .session import Session
 
 
 class SessionExpiry:
@@ -32,11 +35,11 @@ class SessionExpiry:
         if s.expiry_ms is not None and s.expiry_ms >= 0:
             heapq.heappush(self._heap, (now_ms + s.expiry_ms, s.client_id, now_ms))
 
-    def expired(self, now_ms: int) -> list[Any]:
+    def expired(self, now_ms: int) -> list[Session]:
         """The offline sessions whose expiry has passed (the caller discards them)."""
         st = self._st
         sessions = st.sessions
-        out = []
+        out: list[Session] = []
         heap = self._heap
         while heap and heap[0][0] <= now_ms:
             _, cid, since = heapq.heappop(heap)

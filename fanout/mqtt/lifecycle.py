@@ -206,7 +206,7 @@ class Lifecycle:
             self.discard_session(old)  # MQTT-3.1.2-6
             old = None
         present = old is not None
-        if present:
+        if old is not None:
             s = old
             del st.offline[cid]
             if s.principal != principal:  # same owner, other login (certificate vs password): rights may differ

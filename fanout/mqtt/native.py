@@ -20,7 +20,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-COMPILED = ("codec", "decoder", "encoder", "delivery", "session", "state")
+COMPILED = ("codec", "decoder", "encoder", "delivery", "session", "state",
+            "broker", "connection", "inbound", "subscriptions", "auth", "topics", "trie", "lifecycle", "deadlines",
+            "retained", "expiry", "decoder5", "connack_hold", "wills")
 DIR_NAME = "_compiled"  # inside the package; git-ignored
 DIGEST_FILE = "digest.txt"
 GROUP = "fanout.mqtt.compiled"  # mypyc's shared library: fanout/mqtt/_compiled/compiled__mypyc.<abi>.so

@@ -52,7 +52,7 @@ class RetainedStore:
         self._bytes = 0
 
     @property
-    def bytes(self) -> int:
+    def stored_bytes(self) -> int:
         """Topic + payload bytes of the retained messages under the bounds (``$SYS/...`` excluded)."""
         return self._bytes
 

@@ -103,7 +103,7 @@ class SysStats:
             "$SYS/broker/bytes/sent": b.bytes_sent,
             "$SYS/broker/subscriptions/count": b.subscription_count,
             "$SYS/broker/retained messages/count": len(b.retained),
-            "$SYS/broker/retained messages/bytes": b.retained.bytes,
+            "$SYS/broker/retained messages/bytes": b.retained.stored_bytes,
             "$SYS/broker/heap/current": rss_bytes(),
             "$SYS/broker/messages/queued/bytes": b.queue_budget.queued_bytes,
             "$SYS/broker/messages/queued/online bytes": b.queue_budget.online_bytes,

@@ -16,9 +16,11 @@ class InvalidTopic(ValueError):
     """A topic name or topic filter breaks a rule of MQTT 3.1.1 section 4.7."""
 
 
+def _not_str(t: object, what: str) -> InvalidTopic:
+    return InvalidTopic(f"{what} must be a str, got {type(t).__name__}")
+
+
 def _check_common(t: str, what: str) -> None:
-    if not isinstance(t, str):
-        raise InvalidTopic(f"{what} must be a str, got {type(t).__name__}")
     if not t:
         raise InvalidTopic(f"{what} must be at least one character long (MQTT-4.7.3-1)")
     if "\x00" in t:
@@ -34,7 +36,7 @@ def _check_common(t: str, what: str) -> None:
         raise InvalidTopic(f"{what} is {size} bytes of UTF-8, the maximum is 65535 (MQTT-4.7.3-3)")
 
 
-def validate_topic_name(t: str) -> None:
+def validate_topic_name(t: object) -> None:
     """Check a topic name (PUBLISH, will topic).
 
     Args:
@@ -44,12 +46,14 @@ def validate_topic_name(t: str) -> None:
         InvalidTopic: empty (MQTT-4.7.3-1), contains U+0000 (MQTT-4.7.3-2), longer than 65535 bytes
             of UTF-8 (MQTT-4.7.3-3), or contains ``+``/``#`` (MQTT-4.7.1-1, MQTT-3.3.2-2).
     """
+    if not isinstance(t, str):  # config and JSON hand over whatever they hold: an InvalidTopic, not a TypeError
+        raise _not_str(t, "topic name")
     _check_common(t, "topic name")
     if "+" in t or "#" in t:
         raise InvalidTopic(f"topic name {t!r} must not contain wildcards (MQTT-4.7.1-1, MQTT-3.3.2-2)")
 
 
-def validate_topic_filter(f: str) -> None:
+def validate_topic_filter(f: object) -> None:
     """Check a topic filter (SUBSCRIBE, UNSUBSCRIBE, ACL rules).
 
     Args:
@@ -60,6 +64,8 @@ def validate_topic_filter(f: str) -> None:
             of UTF-8 (MQTT-4.7.3-3), ``#`` not alone in the last level (MQTT-4.7.1-2), ``+`` not
             alone in its level (MQTT-4.7.1-3).
     """
+    if not isinstance(f, str):
+        raise _not_str(f, "topic filter")
     _check_common(f, "topic filter")
     if "#" in f:
         # MQTT-4.7.1-2: '#' on its own or after a separator, and the last character.

@@ -316,12 +316,12 @@ def test_retained_store_bounds():
     assert r.set("a", b"x" * 40, 1) is None and r.set("b", b"y" * 40, 0) is None  # 41 + 41 bytes
     assert r.set("c", b"z", 0) == "retained_messages"
     assert r.set("a", b"x" * 60, 1) == "retained_bytes"  # 41 + 61 > 100: refused, and "a" is superseded
-    assert "a" not in r and r.bytes == 41 and len(r) == 1
+    assert "a" not in r and r.stored_bytes == 41 and len(r) == 1
     assert r.take_changes() == {"a": None, "b": (b"y" * 40, 0)}
-    assert r.set("c", b"z" * 50, 0) is None and r.bytes == 92
+    assert r.set("c", b"z" * 50, 0) is None and r.stored_bytes == 92
     assert r.set("$SYS/broker/uptime", b"9" * 500, 0) is None  # the server's own: outside the bounds
-    assert len(r) == 3 and r.bytes == 92
-    assert r.set("c", b"", 0) is None and r.bytes == 41  # clearing frees
+    assert len(r) == 3 and r.stored_bytes == 92
+    assert r.set("c", b"", 0) is None and r.stored_bytes == 41  # clearing frees
     assert r.set("nothing", b"", 0) is None and r.take_changes() == {"c": None}
 
 

@@ -73,7 +73,8 @@ def test_the_python_sources_pass_the_broker_tests() -> None:
              "assert native.running_compiled() == [], native.running_compiled()")
     subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, check=True, timeout=60)
     tests = ["tests/unit/test_codec.py", "tests/unit/test_mqtt_broker.py", "tests/unit/test_mqtt_session.py",
-             "tests/unit/test_mqtt_no_io.py", "tests/unit/test_mqtt5_fastpaths.py"]
+             "tests/unit/test_mqtt_no_io.py", "tests/unit/test_mqtt5_fastpaths.py", "tests/unit/test_trie.py",
+             "tests/unit/test_topics.py", "tests/unit/test_mqtt_bounds.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -43,7 +43,9 @@ def test_invalid_topic_filters(f):
 def test_invalid_topic_is_value_error():
     assert issubclass(InvalidTopic, ValueError)
     with pytest.raises(InvalidTopic):
-        validate_topic_filter(b"a")  # type: ignore[arg-type]
+        validate_topic_filter(b"a")
+    with pytest.raises(InvalidTopic, match="topic name must be a str, got int"):
+        validate_topic_name(5)  # what a config file may hold: an InvalidTopic, compiled or not (not a TypeError)
 
 
 MATCHES = [
