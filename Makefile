@@ -63,8 +63,9 @@ valgrind:
 	@command -v valgrind >/dev/null || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind) >/dev/null)
 
-# fanout.mqtt's hot-path modules compiled with mypyc (fanout/mqtt/native.py); a no-op when they match their
-# sources. A failed build (no C compiler) leaves the Python sources running, which are always correct.
+# The hot-path modules of fanout.mqtt, fanout.node and fanout.dispatcher compiled with mypyc (fanout/native.py);
+# a no-op when they match their sources. A failed build (no C compiler) leaves the Python sources running,
+# which are always correct.
 # The build's own output says when it failed; the filter drops setuptools' compiler lines.
 native: install
 	@$(BIN)/python -m scripts.build_native 2>&1 | { grep -vE '^(gcc|x86_64-linux-gnu-gcc|creating|copying|running|building) |_BetaConfiguration|warnings.warn' || true; }
@@ -72,7 +73,7 @@ native: install
 run: install native
 	$(BIN)/python -m scripts.demo
 
-# FANOUT_EXPECT_NATIVE: tests/unit/test_mqtt_native.py then fails if the hot path is not running compiled.
+# FANOUT_EXPECT_NATIVE: tests/unit/test_native.py then fails if the hot path is not running compiled.
 test: install native java mosquitto nodemqtt chromium
 	FANOUT_EXPECT_NATIVE=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
@@ -89,4 +90,4 @@ fuzz: install native
 	$(BIN)/python -m scripts.fuzz_codec --iterations 1000000 --workers 2
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis var fanout/mqtt/_compiled fanout/mqtt/_compiled.new
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis var fanout/_compiled fanout/_compiled.new fanout/mqtt/_compiled

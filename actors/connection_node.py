@@ -30,7 +30,7 @@ import ray
 import structlog
 
 from fanout import log as fanout_log
-from fanout.mqtt import native as mqtt_native
+from fanout import native
 from fanout.node.core import NodeCore
 from fanout.node.retained_writes import RetainedWrites
 from fanout.records import Kick, pack_batch, unpack_batch
@@ -186,7 +186,7 @@ class ConnectionNode:
         self.server = server
         self._route_task = self._loop.create_task(self._route_loop())
         log.info("connection node ready", node_id=self.node_id, host=self.host, port=server.port, pid=os.getpid(),
-                 extra_listeners=server.extra_urls, mqtt_native=mqtt_native.STATUS)
+                 extra_listeners=server.extra_urls, native=native.STATUS)
 
     def _restore_retained(self, store: Any) -> None:
         """Load the retained messages every node persisted (see :mod:`storage.retained`), then track changes."""

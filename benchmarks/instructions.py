@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fanout.mqtt import native
+from fanout import native
 
 _COLLECTED = re.compile(r"^==\d+== Collected : (\d+)\s*$", re.MULTILINE)
 
@@ -98,7 +98,7 @@ def measure(name: str, python: str = sys.executable) -> dict[str, Any]:
     return {"subject": name, "unit": subject.unit, "module": subject.module, "sizes": list(subject.sizes),
             "instructions": [ir for ir, _ in runs], "events": [ev for _, ev in runs],
             "instructions_per_event": round(per_event(runs[0], runs[1])),
-            "mqtt_native": native.STATUS}  # the runs inherit this process's environment and tree
+            "native": native.STATUS}  # the runs inherit this process's environment and tree
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{args.label or args.subject}: {result['instructions_per_event']:,} instructions per {result['unit']} "
               f"({args.subject}; {result['instructions'][0]:,} / {result['instructions'][1]:,} instructions for "
-              f"{result['events'][0]:,} / {result['events'][1]:,} events; fanout.mqtt {result['mqtt_native']})")
+              f"{result['events'][0]:,} / {result['events'][1]:,} events; fanout {result['native']})")
     return 0
 
 

@@ -1,14 +1,14 @@
-"""``make native``: compile fanout.mqtt's hot-path modules with mypyc into ``fanout/mqtt/_compiled/``.
+"""``make native``: compile the hot-path modules with mypyc into ``fanout/_compiled/``.
 
     python -m scripts.build_native [--force] [--check]
 
-Nothing happens when the compiled modules match their sources (:func:`fanout.mqtt.native.sources_digest`).
+Nothing happens when the compiled modules match their sources (:func:`fanout.native.sources_digest`).
 Otherwise mypy type-checks the modules and mypyc generates C under ``build/native/``, the system compiler
-builds it (setuptools' ``build_ext``), and ``fanout/mqtt/_compiled/`` is replaced whole: the new directory is
+builds it (setuptools' ``build_ext``), and ``fanout/_compiled/`` is replaced whole: the new directory is
 filled, its digest written last, then renamed into place. A failed build removes the old compiled modules
 (the package then runs its Python sources, which is always correct), prints mypy's or the compiler's message
 and exits 1. ``--check`` builds nothing: exit 0 when up to date, 1 when not. ``--force`` builds even when up
-to date. Which modules and why: :mod:`fanout.mqtt.native`.
+to date. Which modules and why: :mod:`fanout.native`.
 """
 from __future__ import annotations
 
@@ -19,16 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from fanout.mqtt import native
+from fanout import native
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "fanout" / "mqtt"
 WORK = ROOT / "build" / "native"  # generated C, objects, mypy's cache (git-ignored)
 
 
 def up_to_date() -> bool:
-    """Whether ``fanout/mqtt/_compiled/`` holds the compiled form of the current sources."""
-    return native.choose(PACKAGE, {})[0] == "compiled"
+    """Whether ``fanout/_compiled/`` holds the compiled form of the current sources."""
+    return native.choose(native.ROOT, {})[0] == "compiled"
 
 
 def build() -> Path:
@@ -36,8 +35,8 @@ def build() -> Path:
     from mypyc.build import mypycify  # mypy, from the project's ``native`` extra
     from setuptools import Distribution
 
-    digest = native.sources_digest(PACKAGE)  # of the sources as they are when the build starts
-    paths = [f"fanout/mqtt/{name}.py" for name in native.COMPILED]
+    digest = native.sources_digest()  # of the sources as they are when the build starts
+    paths = [str(native.source_path(name).relative_to(ROOT)) for name in native.COMPILED]
     cwd = os.getcwd()
     os.chdir(ROOT)  # mypy names the modules from the paths
     try:
@@ -51,19 +50,22 @@ def build() -> Path:
         dist.run_command("build_ext")
     finally:
         os.chdir(cwd)
-    built = sorted((lib / "fanout" / "mqtt").glob("*.so"))
-    expected = {*native.COMPILED, native.GROUP.rsplit(".", 1)[1] + "__mypyc"}
-    if {p.name.split(".", 1)[0] for p in built} != expected:
-        raise RuntimeError(f"build_ext made {[p.name for p in built]}, expected one module each of {sorted(expected)}")
-    staging = PACKAGE / (native.DIR_NAME + ".new")
+    built = sorted((lib / "fanout").rglob("*.so"))
+    names = {".".join(p.relative_to(lib / "fanout").with_suffix("").with_suffix("").parts) for p in built}
+    expected = {*native.COMPILED, native.GROUP.removeprefix("fanout.") + "__mypyc"}
+    if names != expected:
+        raise RuntimeError(f"build_ext made {sorted(names)}, expected one module each of {sorted(expected)}")
+    staging = native.ROOT / (native.DIR_NAME + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    for p in built:
-        shutil.copy2(p, staging / p.name)
+    for p in built:  # fanout/_compiled/<package>/<module>.<abi>.so
+        dest = staging / p.relative_to(lib / "fanout")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, dest)
     (staging / native.DIGEST_FILE).write_text(digest + "\n")  # last: a directory without it is never used
-    target = PACKAGE / native.DIR_NAME
+    target = native.ROOT / native.DIR_NAME
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
+    shutil.rmtree(native.ROOT / "mqtt" / native.DIR_NAME, ignore_errors=True)  # where earlier builds put theirs
     return target
 
 
@@ -74,15 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     ok = up_to_date()
     if a.check or (ok and not a.force):
-        print(f"fanout.mqtt compiled modules: {'up to date' if ok else 'missing or stale'}")
+        print(f"compiled modules: {'up to date' if ok else 'missing or stale'}")
         return 0 if ok else 1
     t0 = time.monotonic()
-    print(f"compiling fanout.mqtt's {', '.join(native.COMPILED)} with mypyc (~1-2 minutes)", flush=True)
+    print(f"compiling {len(native.COMPILED)} modules of fanout ({', '.join(native.COMPILED)}) with mypyc "
+          "(~2-3 minutes)", flush=True)
     try:
         target = build()
     except (Exception, SystemExit) as e:  # mypy's type errors end in SystemExit
-        shutil.rmtree(PACKAGE / native.DIR_NAME, ignore_errors=True)  # never leave stale machine code
-        print(f"build_native: FAILED ({type(e).__name__}: {e}); fanout.mqtt runs its Python sources",
+        shutil.rmtree(native.ROOT / native.DIR_NAME, ignore_errors=True)  # never leave stale machine code
+        print(f"build_native: FAILED ({type(e).__name__}: {e}); fanout runs its Python sources",
               file=sys.stderr)
         return 1
     print(f"compiled modules in {target.relative_to(ROOT)} ({time.monotonic() - t0:.0f} s)")

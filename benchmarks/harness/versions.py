@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from fanout.mqtt import native
+from fanout import native
 
 REPO = Path(__file__).resolve().parents[2]
 # The code a benchmark exercises: what dirty_sources lists when it differs from the commit.
@@ -86,8 +86,8 @@ def versions() -> dict[str, Any]:
         "fanout_tree_dirty": bool(status.strip()) if status is not None else None,
         "uncommitted": dirty_sources(),
         "fanout_mqtt_sources_sha1": _mqtt_sources_digest(),
-        # "compiled": the hot path ran as mypyc's machine code (fanout/mqtt/native.py); else why not
-        "fanout_mqtt_native": native.STATUS,
+        # "compiled": the hot path ran as mypyc's machine code (fanout/native.py); else why not
+        "fanout_native": native.STATUS,
         "mosquitto": mosquitto_version(),
         "amqtt": dist_version("amqtt"),
         "paho_mqtt": dist_version("paho-mqtt"),

@@ -314,7 +314,9 @@ class VinDispatcher:
         # reconnect: a spurious DUP=1 is allowed, a missing one is not.)
         attempted = vs.attempted
         dup = row.key == attempted or (attempted is None and row.ts_ms < self._started_ms)
-        send = Send(vin, vs.node, vs.generation, row, dup)
+        node = vs.node
+        assert node is not None  # every caller checks: connected
+        send = Send(vin, node, vs.generation, row, dup)
         self._sends.append(send)
         self._sent += 1
         return send

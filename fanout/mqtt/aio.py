@@ -48,7 +48,6 @@ import structlog
 from .auth import AccessControl, is_loopback_host
 from .broker import Broker
 from .connection import CLOSED, Connection
-from .hooks import BrokerHooks
 from .peer import Peer
 from .settings import MQTTSettings
 from .tls import ListenerSettings, ServerTLS, verified_cn
@@ -275,7 +274,8 @@ class MQTTServer:
         settings: the MQTT settings (``fanout.config.mqtt_settings(config)``).
         host: listener address (default ``settings.host``).
         port: listener port, 0 for any free port (default ``settings.port``).
-        hooks: :class:`BrokerHooks` for an embedding layer, or None.
+        hooks: a :class:`~fanout.mqtt.hooks.BrokerHooks` (or an object with its attributes and methods) for an
+            embedding layer, or None.
         acl: an access-control object; default builds :class:`AccessControl` from ``settings``.
         sweep_interval_s: period of the timeout/keepalive/$SYS sweep (also the timing resolution).
         reuse_port: bind with SO_REUSEPORT so that several listener processes share host:port and the
@@ -288,7 +288,7 @@ class MQTTServer:
     """
 
     def __init__(self, settings: MQTTSettings, *, host: str | None = None, port: int | None = None,
-                 hooks: BrokerHooks | None = None, acl: Any = None, sweep_interval_s: float = 1.0,
+                 hooks: Any = None, acl: Any = None, sweep_interval_s: float = 1.0,
                  reuse_port: bool = False, listeners: ListenerSettings | None = None) -> None:
         self.settings = settings
         self.host = settings.host if host is None else host

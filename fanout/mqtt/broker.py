@@ -52,7 +52,7 @@ from .connack_hold import HoldGate
 from .connection import CLOSED, CONNECTED, CONNECTING, ERROR, Connection
 from .delivery import Delivery
 from .errors import NotConnectFirst, PacketTooLarge, ProtocolError
-from .hooks import BrokerHooks, DeliverStatus
+from .hooks import DeliverStatus
 from .inbound import Inbound
 from .inbound5 import Inbound5
 from .lifecycle import Lifecycle
@@ -85,7 +85,8 @@ class Broker:
         settings: the MQTT settings (``fanout.config.mqtt_settings(config)``).
         acl: an :class:`fanout.mqtt.auth.AccessControl` (``authenticate``, ``can_publish``,
             ``can_subscribe``).
-        hooks: embedding hooks (:class:`BrokerHooks`); None builds no events.
+        hooks: embedding hooks: a :class:`~fanout.mqtt.hooks.BrokerHooks`, or an object with its attributes and
+            methods (the node's compiled ``NodeCore``); None builds no events.
         now_ms: start time on the adapter's clock.
         defer_auth: ``(conn, fn)`` callback; when given, authentications of CONNECTs with a user name
             are handed to it, and it must arrange ``broker.auth_done(conn, fn(), now_ms)`` (or pass the
@@ -168,7 +169,7 @@ class Broker:
     def sessions_offline(self) -> int:
         return self.state.sessions_offline
 
-    def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None = None, *, now_ms: int = 0,
+    def __init__(self, settings: MQTTSettings, acl: Any, hooks: Any = None, *, now_ms: int = 0,
                  defer_auth: Callable[[Connection, AuthFn], None] | None = None,
                  on_output: Callable[[], None] | None = None, wheel_resolution_ms: int = 1000) -> None:
         st = self.state = BrokerState(settings, acl, hooks, now_ms=now_ms, wake=on_output or (lambda: None),
@@ -361,7 +362,7 @@ class Broker:
         if events:
             st.events = []
             try:
-                self.hooks.on_events(events)  # type: ignore[union-attr]
+                self.hooks.on_events(events)
             except Exception:  # a failing hook must not lose the output collected above
                 log.exception("mqtt hooks.on_events failed", events=len(events))
         return result

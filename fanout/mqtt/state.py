@@ -76,7 +76,7 @@ class BrokerState:
         "shared", "holds",
     )
 
-    def __init__(self, settings: MQTTSettings, acl: Any, hooks: BrokerHooks | None, *, now_ms: int,
+    def __init__(self, settings: MQTTSettings, acl: Any, hooks: Any, *, now_ms: int,
                  wake: Callable[[], None], wheel_resolution_ms: int) -> None:
         self.settings = settings
         self.acl = acl

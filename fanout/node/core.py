@@ -78,8 +78,10 @@ def _reports_to_dispatchers(client_id: str, principal: Any) -> bool:
     return bool(principal.vehicle) and VIN_RE.fullmatch(client_id) is not None
 
 
-class NodeCore(BrokerHooks):
-    """Hooks of one node's broker; see the module docstring.
+class NodeCore:
+    """Hooks of one node's broker (what :class:`~fanout.mqtt.hooks.BrokerHooks` describes); see the module
+    docstring. Not a subclass of BrokerHooks: a compiled class (``make native``) cannot extend an interpreted
+    one, and the broker asks only for the attributes and methods below.
 
     Args:
         config: loaded config (``fanout.topic_prefix``, ingest limits).
@@ -99,6 +101,8 @@ class NodeCore(BrokerHooks):
                  clock_us: Callable[[], int] | None = None, incarnation: int | None = None,
                  hold_connacks: bool = False) -> None:
         self.node_id = node_id
+        self.ingest_prefix: str = BrokerHooks.ingest_prefix  # set here: mypyc keeps only literal class defaults
+        self.heartbeat_prefix: str = BrokerHooks.heartbeat_prefix
         self.broker: Any = None
         self.shards = int(link.shards)
         self._prefix: str = config.fanout.topic_prefix if config is not None else DEFAULT_TOPIC_PREFIX
@@ -110,11 +114,14 @@ class NodeCore(BrokerHooks):
         self._link = link
         self.durable = (DurableTopics(self.shards, config.topics, config.mqtt.match_cache_entries) if config is not None
                         else DurableTopics(self.shards))
-        self.durable_topic = self.durable.matches  # asked by the broker per publish (BrokerHooks.durable_topic)
-        self.appends = TopicAppends(self.durable, *((config.fanout.max_pending_appends,
-                                                     config.fanout.max_pending_append_bytes) if config is not None else ()),
-                                    full_batch=FULL_BATCH_RAY if config is not None and not config.cluster.direct_channels
-                                    else FULL_BATCH)
+        # asked by the broker per publish (BrokerHooks.durable_topic)
+        self.durable_topic: Callable[[str], bool] = self.durable.matches
+        if config is None:
+            self.appends = TopicAppends(self.durable, full_batch=FULL_BATCH)
+        else:
+            self.appends = TopicAppends(self.durable, config.fanout.max_pending_appends,
+                                        config.fanout.max_pending_append_bytes,
+                                        full_batch=FULL_BATCH if config.cluster.direct_channels else FULL_BATCH_RAY)
         self.routes = PeerRoutes(node_id, generalize=delivery_route_generalizer(self._prefix),
                                  max_queue_bytes=config.fanout.max_forward_queue_bytes if config is not None else 64 << 20)
         self._wake = on_pending or (lambda: None)
@@ -520,7 +527,7 @@ class NodeCore(BrokerHooks):
                 elif isinstance(outcome, Reply):  # a request status or cancel: acknowledged, then answered
                     self.broker.complete_publish(t.client_id, t.packet_id, t.generation)
                     self.broker.publish_local(replies_topic(t.client_id), outcome.payload(), 1)  # the asker is here
-                elif outcome != "skip":
+                elif isinstance(outcome, dict):  # else "skip"
                     self._reject(t, outcome)
             done += len(tickets)
         return done

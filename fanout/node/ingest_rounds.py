@@ -59,7 +59,7 @@ from fanout.mqtt.hooks import IngestTicket
 from fanout.mqtt.reason_codes import ReasonCode as RC
 from fanout.node.delivery_props import content_type_of, user_properties_of
 from fanout.records import CONFLICT_PREFIX, BlobItem, IngestItem, join_vins
-from fanout.request_control import CANCEL, STATUS, Control, is_request_topic, parse_control, reply
+from fanout.request_control import CANCEL, STATUS, Control, Reply, is_request_topic, parse_control, reply
 from fanout.trigger import (
     TRIGGER_TOPIC, Trigger, TriggerError, check_ttl, conflict_reason, parse_data_topic, parse_trigger, validate_blob,
 )
@@ -212,7 +212,7 @@ class IngestRounds:
         """Size of the known-data cache."""
         return len(self._known)
 
-    async def run(self, tickets: Sequence[IngestTicket]) -> list[dict[str, Any] | None]:
+    async def run(self, tickets: Sequence[IngestTicket]) -> list[dict[str, Any] | Reply | str | None]:
         """Process one round.
 
         Args:

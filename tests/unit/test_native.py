@@ -1,5 +1,5 @@
-"""The compiled hot path of fanout.mqtt (fanout/mqtt/native.py, scripts/build_native.py): when it is used, when
-it must not be (stale or disabled), and that the Python sources it replaces still pass the broker's tests."""
+"""The compiled hot path (fanout/native.py, scripts/build_native.py): when it is used, when it must not be (stale
+or disabled), and that the Python sources it replaces still pass the broker's, node's and dispatcher's tests."""
 from __future__ import annotations
 
 import os
@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from fanout.mqtt import native
+from fanout import native
 
-PACKAGE = Path(native.__file__).parent
-ROOT = PACKAGE.parents[1]
+ROOT = native.ROOT.parent
 
 
-def _package_copy(tmp_path: Path, *, built: bool, name: str = "mqtt") -> Path:
-    """The compiled modules' sources in a directory of their own, with a digest as a build leaves it."""
+def _package_copy(tmp_path: Path, *, built: bool, name: str = "fanout") -> Path:
+    """The compiled modules' sources in a tree of their own, with a digest as a build leaves it."""
     pkg = tmp_path / name
-    pkg.mkdir()
-    for name in native.COMPILED:
-        shutil.copy(PACKAGE / f"{name}.py", pkg / f"{name}.py")
+    for module in native.COMPILED:
+        dest = native.source_path(module, pkg)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(native.source_path(module), dest)
     if built:
         (pkg / native.DIR_NAME).mkdir()
         (pkg / native.DIR_NAME / native.DIGEST_FILE).write_text(native.sources_digest(pkg) + "\n")
@@ -35,7 +35,7 @@ def test_compiled_modules_are_used_when_they_match_their_sources(tmp_path: Path)
 
 def test_an_edited_source_makes_the_compiled_modules_stale(tmp_path: Path) -> None:
     pkg = _package_copy(tmp_path, built=True)
-    with (pkg / "codec.py").open("a") as f:
+    with native.source_path("dispatcher.machine", pkg).open("a") as f:
         f.write("\n# edited after the build\n")
     assert native.choose(pkg, {}) == ("stale", None)  # the edit runs, not the old machine code
 
@@ -45,6 +45,7 @@ def test_nothing_built_and_disabled(tmp_path: Path) -> None:
     built = _package_copy(tmp_path, built=True, name="built")
     for off in ("0", "false", "NO", " off "):
         assert native.choose(built, {native.ENV: off}) == ("disabled", None)
+        assert native.choose(built, {native.OLD_ENV: off}) == ("disabled", None)  # the name of stop 30
     assert native.choose(built, {native.ENV: "1"})[0] == "compiled"
 
 
@@ -52,29 +53,30 @@ def test_the_digest_covers_every_compiled_module(tmp_path: Path) -> None:
     pkg = _package_copy(tmp_path, built=False)
     digests = {native.sources_digest(pkg)}
     for name in native.COMPILED:
-        (pkg / f"{name}.py").write_bytes((PACKAGE / f"{name}.py").read_bytes() + b" ")
+        native.source_path(name, pkg).write_bytes(native.source_path(name).read_bytes() + b" ")
         digests.add(native.sources_digest(pkg))
-        shutil.copy(PACKAGE / f"{name}.py", pkg / f"{name}.py")
+        shutil.copy(native.source_path(name), native.source_path(name, pkg))
     assert len(digests) == 1 + len(native.COMPILED)
 
 
 @pytest.mark.skipif(not os.environ.get("FANOUT_EXPECT_NATIVE"),
                     reason="run by `make test`, which builds the compiled modules first (FANOUT_EXPECT_NATIVE=1)")
 def test_the_hot_path_runs_compiled_after_make() -> None:
-    assert native.STATUS == "compiled", f"fanout.mqtt runs its Python sources ({native.STATUS}): see `make native`"
+    assert native.STATUS == "compiled", f"fanout runs its Python sources ({native.STATUS}): see `make native`"
     assert native.running_compiled() == list(native.COMPILED)
 
 
-def test_the_python_sources_pass_the_broker_tests() -> None:
-    """What runs without a C compiler, or with FANOUT_MQTT_NATIVE=0, is the same broker: the codec and broker
-    tests in a process that imports the Python sources."""
+def test_the_python_sources_pass_the_hot_path_tests() -> None:
+    """What runs without a C compiler, or with FANOUT_NATIVE=0, is the same code: the codec, broker, node and
+    dispatcher tests in a process that imports the Python sources."""
     env = dict(os.environ, **{native.ENV: "0"})
-    check = ("from fanout.mqtt import native; assert native.STATUS == 'disabled', native.STATUS; "
+    check = ("from fanout import native; assert native.STATUS == 'disabled', native.STATUS; "
              "assert native.running_compiled() == [], native.running_compiled()")
     subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, check=True, timeout=60)
     tests = ["tests/unit/test_codec.py", "tests/unit/test_mqtt_broker.py", "tests/unit/test_mqtt_session.py",
              "tests/unit/test_mqtt_no_io.py", "tests/unit/test_mqtt5_fastpaths.py", "tests/unit/test_trie.py",
-             "tests/unit/test_topics.py", "tests/unit/test_mqtt_bounds.py"]
+             "tests/unit/test_topics.py", "tests/unit/test_mqtt_bounds.py", "tests/unit/test_node_core.py",
+             "tests/unit/test_dispatch_machine.py", "tests/unit/test_dispatcher_core.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
