@@ -383,10 +383,9 @@ class AccessControl:
         full: a client using many long topics cannot grow it), keyed by a flat tuple of strings."""
         key = (principal.username, principal.role, principal.client_id, topic)
         entries = cache.entries
-        try:
-            return entries[key]
-        except KeyError:
-            pass
+        cached = entries.get(key)  # not entries[key] in a try: a KeyError costs compiled code a traceback frame
+        if cached is not None:
+            return cached
         decision = decide(principal, topic)
         size = len(topic) + len(principal.client_id)
         if len(entries) >= self._decision_cache_size or cache.bytes + size > self._decision_cache_bytes:

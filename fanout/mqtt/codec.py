@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decoder5 import DECODER_TABLES, LevelChosen
+from .decoder5 import DECODER_TABLES, LevelChosen, connect_any
 from .encoder import (  # noqa: F401 - re-exported API
     MAX_REMAINING_LENGTH, encode, encode_connack, encode_puback, encode_pubcomp, encode_publish,
     encode_pubrec, encode_pubrel, encode_suback, encode_unsuback, encode_varint,
@@ -96,6 +96,11 @@ def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAI
     decoder = tables[0][first]
     if decoder is None:
         raise MalformedPacket(tables[1][first])
+    if first == 0x10 and protocol_level is None:
+        # A server's first CONNECT (feed_first): decoded by its own level field, returned, not raised as
+        # LevelChosen; compiled code pays a traceback frame per level an exception crosses (~9,000
+        # instructions per connect).
+        decoder = connect_any
     if end < 2:
         raise NeedData("remaining length missing")
     rl = buf[1]

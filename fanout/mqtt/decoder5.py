@@ -125,6 +125,9 @@ def _d_connect_any(buf: bytes, first: int, pos: int, stop: int) -> Any:
     return _d_connect(buf, first, pos, stop)  # level 4, or raises UnsupportedProtocol
 
 
+connect_any = _d_connect_any  # for codec.decode, whose caller takes the level from the packet (feed_first)
+
+
 def _d_connect_negotiate(buf: bytes, first: int, pos: int, stop: int) -> Any:
     """The first CONNECT of a stream whose level is not negotiated: raise :class:`LevelChosen`."""
     pkt = _d_connect_any(buf, first, pos, stop)
