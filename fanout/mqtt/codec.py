@@ -120,10 +120,7 @@ def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAI
     if type(buf) is not bytes:
         # Decoders slice bytes; copy only this packet, once.
         buf = bytes(memoryview(buf)[:stop])
-    try:
-        return decoder(buf, first, start, stop), stop
-    except LevelChosen as chosen:
-        return chosen.packet, stop
+    return decoder(buf, first, start, stop), stop  # a CONNECT at level None came from connect_any: no LevelChosen
 
 
 class PacketReader:
