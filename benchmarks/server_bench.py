@@ -1,3 +1,4 @@
+# Over 500 lines: one benchmark run (both servers, four phases, the CPU accounting per role) whose phases share the fleet and the accounting; the fleet and peers live in benchmarks/harness.
 """Server benchmark (issue 16): Mosquitto and this cluster side by side, measured with one compiled fleet.
 
 Every vehicle of every phase is ``cfleet`` (``benchmarks/cfleet``, C with epoll, ~10 us of its own CPU

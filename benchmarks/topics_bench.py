@@ -1,3 +1,4 @@
+# Over 500 lines: one benchmark of three systems (fanout, Redis Streams, NATS JetStream) with three phases each, kept side by side so that each phase reads the same for all three.
 """Durable topics benchmark (issue 14): append, group consumption and lag after a consumer outage, against Redis
 Streams and NATS JetStream in the same run on the same machine.
 

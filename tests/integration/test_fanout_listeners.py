@@ -32,13 +32,19 @@ def test_two_listeners_share_the_port(fanout):
 
 
 def test_vehicles_spread_over_listeners_and_all_get_the_batch(fanout):
-    vins = [f"LST{i:03d}" for i in range(16)]
-    cars = [Vehicle(fanout.port, vin) for vin in vins]
+    vins: list[str] = []
+    cars: list[Vehicle] = []
     try:
-        by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(vins) and c,
-                             15, "every vehicle counted by a listener")
-        # the kernel hashes each connection's 4-tuple: 16 landing on one listener has odds of 2**-15
-        assert all(n > 0 for n in by_node.values()), by_node
+        # The kernel hashes each connection's 4-tuple over the listeners: 16 vehicles all land on one of them
+        # once in 2**15 runs. Vehicles are added, up to 32, until both listeners have one (odds 2**-31).
+        by_node: dict[str, int] = {}
+        while len(cars) < 16 or (len(cars) < 32 and not all(n > 0 for n in by_node.values())):
+            vins.append(f"LST{len(cars):03d}")
+            cars.append(Vehicle(fanout.port, vins[-1]))
+            if len(cars) >= 16:
+                by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(vins)
+                                     and c, 15, "every vehicle counted by a listener")
+        assert len(by_node) == 2 and all(n > 0 for n in by_node.values()), by_node
         publish_batch(fanout.port, vins, "lst-1", data_id="lst-blob", blob=b"fw")
         for car in cars:
             msg = car.next_message()
