@@ -63,7 +63,7 @@ valgrind:
 	@command -v valgrind >/dev/null || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind) >/dev/null)
 
-# The hot-path modules of fanout.mqtt, fanout.node and fanout.dispatcher compiled with mypyc (fanout/native.py);
+# The hot-path modules of fanout.mqtt, fanout.node, fanout.dispatcher and storage compiled with mypyc (fanout/native.py);
 # a no-op when they match their sources. A failed build (no C compiler) leaves the Python sources running,
 # which are always correct.
 # The build's own output says when it failed; the filter drops setuptools' compiler lines.

@@ -27,7 +27,7 @@ WORK = ROOT / "build" / "native"  # generated C, objects, mypy's cache (git-igno
 
 def up_to_date() -> bool:
     """Whether ``fanout/_compiled/`` holds the compiled form of the current sources."""
-    return native.choose(native.ROOT, {})[0] == "compiled"
+    return native.choose(native.PROJECT, {})[0] == "compiled"
 
 
 def build() -> Path:
@@ -37,6 +37,7 @@ def build() -> Path:
 
     digest = native.sources_digest()  # of the sources as they are when the build starts
     paths = [str(native.source_path(name).relative_to(ROOT)) for name in native.COMPILED]
+    tops = sorted({name.partition(".")[0] for name in native.COMPILED})  # fanout, storage
     cwd = os.getcwd()
     os.chdir(ROOT)  # mypy names the modules from the paths
     try:
@@ -50,19 +51,19 @@ def build() -> Path:
         dist.run_command("build_ext")
     finally:
         os.chdir(cwd)
-    built = sorted((lib / "fanout").rglob("*.so"))
-    names = {".".join(p.relative_to(lib / "fanout").with_suffix("").with_suffix("").parts) for p in built}
-    expected = {*native.COMPILED, native.GROUP.removeprefix("fanout.") + "__mypyc"}
+    built = sorted(p for top in tops for p in (lib / top).rglob("*.so"))
+    names = {".".join(p.relative_to(lib).with_suffix("").with_suffix("").parts) for p in built}
+    expected = {*native.COMPILED, native.GROUP + "__mypyc"}
     if names != expected:
         raise RuntimeError(f"build_ext made {sorted(names)}, expected one module each of {sorted(expected)}")
-    staging = native.ROOT / (native.DIR_NAME + ".new")
+    target = native.tree()
+    staging = target.with_name(native.DIR_NAME + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    for p in built:  # fanout/_compiled/<package>/<module>.<abi>.so
-        dest = staging / p.relative_to(lib / "fanout")
+    for p in built:  # fanout/_compiled/<package path>/<module>.<abi>.so, e.g. fanout/_compiled/storage/...
+        dest = staging / p.relative_to(lib)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p, dest)
     (staging / native.DIGEST_FILE).write_text(digest + "\n")  # last: a directory without it is never used
-    target = native.ROOT / native.DIR_NAME
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     shutil.rmtree(native.ROOT / "mqtt" / native.DIR_NAME, ignore_errors=True)  # where earlier builds put theirs
@@ -79,12 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compiled modules: {'up to date' if ok else 'missing or stale'}")
         return 0 if ok else 1
     t0 = time.monotonic()
-    print(f"compiling {len(native.COMPILED)} modules of fanout ({', '.join(native.COMPILED)}) with mypyc "
+    print(f"compiling {len(native.COMPILED)} modules ({', '.join(native.COMPILED)}) with mypyc "
           "(~2-3 minutes)", flush=True)
     try:
         target = build()
     except (Exception, SystemExit) as e:  # mypy's type errors end in SystemExit
-        shutil.rmtree(native.ROOT / native.DIR_NAME, ignore_errors=True)  # never leave stale machine code
+        shutil.rmtree(native.tree(), ignore_errors=True)  # never leave stale machine code
         print(f"build_native: FAILED ({type(e).__name__}: {e}); fanout runs its Python sources",
               file=sys.stderr)
         return 1

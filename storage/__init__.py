@@ -12,7 +12,13 @@ Public API (see each module for its strategy):
   ``storage.topic_apply`` applies their ops and appends the delivery receipts.
 - ``storage.errors``: ``StoreError`` and subclasses.
 """
-from storage.batch import WriteBatch
+# The store's apply path runs compiled when `make` built it (fanout.native, a standard-library-only switch that
+# imports nothing of the project); this must happen before any module of the package is imported.
+from fanout import native as _native
+
+_native.extend_path(__path__, "storage")  # noqa: F821 -- compiled modules (make native) before the sources
+
+from storage.batch import WriteBatch  # noqa: E402
 from storage.errors import (
     BatchFormatError,
     FencedError,

@@ -75,7 +75,7 @@ def _inc(counts: Counts, name: str, n: int = 1) -> None:
     counts[name] = counts.get(name, 0) + n
 
 
-def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _put_blob(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, blob, ts_ms, sha1 = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -94,7 +94,7 @@ def _put_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: R
     txn.put(key, tables.encode_meta(ts_ms, len(blob), sha1), db=dbs.meta)
 
 
-def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _touch_meta(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, ts_ms = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -106,7 +106,7 @@ def _touch_meta(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally:
     _inc(counts, "meta_touched")
 
 
-def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> None:
+def _refresh_meta(txn: lmdb.Transaction[bytes], dbs: Dbs, data_id: str, ts_ms: int) -> None:
     """A trigger naming a blob keeps it alive: ``meta.ts_ms`` becomes the later of the two times.
 
     GC deletes a blob only if its ``meta.ts_ms`` is still the one its snapshot saw
@@ -121,7 +121,7 @@ def _refresh_meta(txn: lmdb.Transaction, dbs: Dbs, data_id: str, ts_ms: int) -> 
             txn.put(key, tables.encode_meta(ts_ms, size, sha1), db=dbs.meta)
 
 
-def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _enqueue(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, ts_ms, request_id, data_id, vins = op
     if is_cancelled(txn, dbs.requests, request_id):  # a cancel is final (storage.request_stats)
         _inc(counts, "enqueue_cancelled", len(vins))
@@ -163,13 +163,13 @@ def _enqueue(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: Re
     _inc(counts, "enqueue_dup", len(rkeys) - len(fresh) - len(requeue) + consumed - added)
 
 
-def _delete_ids(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_ids(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id = op
     hit = txn.delete(vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode(), db=dbs.ids)
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _guarded_ids_key(txn: lmdb.Transaction, dbs: Dbs, vin: str, ts_ms: int, request_id: str, expected: str,
+def _guarded_ids_key(txn: lmdb.Transaction[bytes], dbs: Dbs, vin: str, ts_ms: int, request_id: str, expected: str,
                      counts: Counts) -> bytes | None:
     """The ``ids`` key of a GC op if its row still points at ``expected`` (else None, counted ``guard_skipped``)."""
     key = vin.encode() + _SEP + _TS.pack(ts_ms) + request_id.encode()
@@ -180,7 +180,7 @@ def _guarded_ids_key(txn: lmdb.Transaction, dbs: Dbs, vin: str, ts_ms: int, requ
     return key
 
 
-def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_ids_if(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected = op
     key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
     if key is not None:
@@ -188,7 +188,7 @@ def _delete_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tal
         _inc(counts, "deleted")
 
 
-def _settle_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _settle_ids_if(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """GC: delete an ``ids`` row past retention or without its blob, and settle its ``reqs`` row (expired,
     discarded) in the same transaction, so the request's counters no longer count it pending."""
     _, vin, ts_ms, request_id, expected, status, settled_ts_ms = op
@@ -212,7 +212,7 @@ def _settle_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tal
     _inc(counts, f"{status}_rows")
 
 
-def _queues_request(txn: lmdb.Transaction, dbs: Dbs, vin: str, request_id: str) -> bool:
+def _queues_request(txn: lmdb.Transaction[bytes], dbs: Dbs, vin: str, request_id: str) -> bool:
     """Whether ``vin`` still has an ``ids`` row of ``request_id`` (a scan of the VIN's queue, which is short; only
     for a ``reqs`` row that does not describe the row just deleted)."""
     prefix = vin.encode() + _SEP
@@ -227,7 +227,7 @@ def _queues_request(txn: lmdb.Transaction, dbs: Dbs, vin: str, request_id: str) 
     return False
 
 
-def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _repoint_ids_if(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, vin, ts_ms, request_id, expected, new_data_id = op
     key = _guarded_ids_key(txn, dbs, vin, ts_ms, request_id, expected, counts)
     if key is not None:
@@ -235,7 +235,7 @@ def _repoint_ids_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
         _inc(counts, "repointed")
 
 
-def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_reqs(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, vin = op
     raw = txn.pop(request_id.encode() + _SEP + vin.encode(), db=dbs.reqs)
     if raw is not None:
@@ -243,7 +243,7 @@ def _delete_reqs(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     _inc(counts, "deleted" if raw is not None else "delete_missing")
 
 
-def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_reqs_if(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, vin, expected_ts, expected_status = op
     key = request_id.encode() + _SEP + vin.encode()
     raw = txn.get(key, db=dbs.reqs)
@@ -260,7 +260,7 @@ def _delete_reqs_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "guard_skipped")
 
 
-def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_blob(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     key = op[1].encode()
     hit = txn.delete(key, db=dbs.meta)
     hit = txn.delete(key, db=dbs.data) or hit
@@ -268,7 +268,7 @@ def _delete_blob(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally
     _inc(counts, "deleted" if hit else "delete_missing")
 
 
-def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_blob_if(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, data_id, expected_ts = op
     key = data_id.encode()
     raw = txn.get(key, db=dbs.meta)
@@ -281,24 +281,24 @@ def _delete_blob_if(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "deleted")
 
 
-def _put_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _put_retained(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, topic, payload, qos, ts_ms = op
     txn.put(keys.retained_key(topic), tables.encode_retained(topic, payload, qos, ts_ms), db=dbs.retained)
     _inc(counts, "retained_put")
 
 
-def _delete_retained(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _delete_retained(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     hit = txn.delete(keys.retained_key(op[1]), db=dbs.retained)
     _inc(counts, "retained_deleted" if hit else "delete_missing")
 
 
-def _put_metric(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _put_metric(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, name, value, ts_ms = op
     txn.put(name.encode(), tables.encode_metric(value, ts_ms), db=dbs.metrics)
     _inc(counts, "metric_put")
 
 
-def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _settle_pending(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """Cancel or expire a whole request on this shard: a prefix scan of its ``reqs`` rows (the operation
     itself, not the counters, reads the rows: it has to find the pending ones)."""
     _, request_id, status, ts_ms = op
@@ -327,13 +327,13 @@ def _settle_pending(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, f"{status}_rows", len(settled))
 
 
-def _set_expiry(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _set_expiry(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     _, request_id, expires_ms = op
     tally.expires(request_id, expires_ms)
     _inc(counts, "expiry_set")
 
 
-def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _set_request_props(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     """The User Properties of a request's trigger (the latest trigger carrying some wins); none for a cancelled
     request, which queues nothing either. Deleted with the request's ``requests`` row (RequestTally.flush)."""
     _, request_id, pairs = op
@@ -343,7 +343,7 @@ def _set_request_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts,
     _inc(counts, "request_props_set")
 
 
-def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
+def _set_blob_props(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: RequestTally) -> None:
     """The Content Type of a blob's publish (after its put_blob op; deleted with the blob)."""
     _, data_id, content_type = op
     key = data_id.encode()
@@ -353,14 +353,14 @@ def _set_blob_props(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, ta
     _inc(counts, "blob_props_set")
 
 
-def _topic_op(handler: Callable[[lmdb.Transaction, Any, Any, Counts, TopicTally], None]) -> Callable[..., None]:
-    def run(txn: lmdb.Transaction, dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def _topic_op(handler: Callable[[lmdb.Transaction[bytes], Any, Any, Counts, TopicTally], None]) -> Callable[..., None]:
+    def run(txn: lmdb.Transaction[bytes], dbs: Dbs, op: Any, counts: Counts, tally: ApplyTally) -> None:
         tally.topics.write_pending(txn)  # the receipts so far are in the log before a topic op reads it
         handler(txn, dbs, op, counts, tally.topics)
     return run
 
 
-_HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, ApplyTally], None]] = {
+_HANDLERS: dict[int, Callable[[lmdb.Transaction[bytes], Dbs, Any, Counts, ApplyTally], None]] = {
     B.PUT_BLOB: _put_blob,
     B.TOUCH_META: _touch_meta,
     B.ENQUEUE: _enqueue,
@@ -390,7 +390,7 @@ _HANDLERS: dict[int, Callable[[lmdb.Transaction, Dbs, Any, Counts, ApplyTally], 
 }
 
 
-def apply_ops(txn: lmdb.Transaction, dbs: Dbs, ops: list[Any], shard_id: int = 0,
+def apply_ops(txn: lmdb.Transaction[bytes], dbs: Dbs, ops: list[Any], shard_id: int = 0,
               topic_offsets: list[tuple[str, int, int, int]] | None = None) -> Counts:
     """Execute ``ops`` in order inside ``txn`` (which the caller commits or aborts).
 

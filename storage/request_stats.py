@@ -102,7 +102,7 @@ class RequestTally:
         """``request_id`` was cancelled at ``ts_ms``: from now on a trigger naming it queues nothing."""
         self._of(request_id)[_CANCELLED_AT] = ts_ms
 
-    def flush(self, txn: lmdb.Transaction, db: Any, props_db: Any = None) -> int:
+    def flush(self, txn: lmdb.Transaction[bytes], db: Any, props_db: Any = None) -> int:
         """Add the deltas to the ``requests`` rows in ``txn``; returns how many rows were written. A request
         whose row is deleted loses its ``reqprops`` row (``props_db``) too."""
         written = 0
@@ -130,7 +130,7 @@ class RequestTally:
         return written
 
 
-def rebuild(txn: lmdb.Transaction, reqs_db: Any, requests_db: Any) -> tuple[int, int]:
+def rebuild(txn: lmdb.Transaction[bytes], reqs_db: Any, requests_db: Any) -> tuple[int, int]:
     """Set every request's counts to a recount of its ``reqs`` rows (the one-time migration, see the module
     docstring). A ``requests`` row already there keeps its expiry and cancel times, and its first/last delivery
     times are widened, not narrowed (they also cover rows GC removed since): on a store whose counters were
@@ -177,19 +177,19 @@ def decode(request_id: str, raw: bytes) -> dict[str, Any]:
     return out
 
 
-def is_cancelled(txn: lmdb.Transaction, db: Any, request_id: str) -> bool:
+def is_cancelled(txn: lmdb.Transaction[bytes], db: Any, request_id: str) -> bool:
     """Whether ``request_id`` was cancelled on this shard (a later trigger naming it then queues nothing)."""
     raw = txn.get(request_id.encode(), db=db)
     return raw is not None and tables.unpack(raw)[_CANCELLED_AT] is not None
 
 
-def read_one(txn: lmdb.Transaction, db: Any, request_id: str) -> dict[str, Any] | None:
+def read_one(txn: lmdb.Transaction[bytes], db: Any, request_id: str) -> dict[str, Any] | None:
     """The counters of ``request_id`` or None."""
     raw = txn.get(request_id.encode(), db=db)
     return None if raw is None else decode(request_id, raw)
 
 
-def iter_all(txn: lmdb.Transaction, db: Any, limit: int | None = None) -> Iterator[dict[str, Any]]:
+def iter_all(txn: lmdb.Transaction[bytes], db: Any, limit: int | None = None) -> Iterator[dict[str, Any]]:
     """Every request's counters in request id order (at most ``limit``)."""
     for n, (key, raw) in enumerate(txn.cursor(db)):
         if limit is not None and n >= limit:
@@ -197,7 +197,7 @@ def iter_all(txn: lmdb.Transaction, db: Any, limit: int | None = None) -> Iterat
         yield decode(bytes(key).decode("utf-8"), raw)
 
 
-def iter_states(txn: lmdb.Transaction, db: Any, limit: int | None = None) -> Iterator[tuple[str, int, int, int]]:
+def iter_states(txn: lmdb.Transaction[bytes], db: Any, limit: int | None = None) -> Iterator[tuple[str, int, int, int]]:
     """``(request_id, pending, cancelled, expired)`` of every request (what :func:`state_of` needs), without
     building a dict per request: ``fanout_requests{state}`` reads every request at each scrape."""
     pending, cancelled = _INDEX[tables.STATUS_PENDING], _INDEX[tables.STATUS_CANCELLED]

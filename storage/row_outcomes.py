@@ -64,22 +64,22 @@ class ApplyTally(RequestTally):
                 cache.clear()
 
 
-def ack(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def ack(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """``ACK``: the vehicle has the row (``dbs``: ``storage.batch_apply.Dbs``)."""
     finish_row(txn, dbs, op, counts, tally, tables.STATUS_DELIVERED, "ack_deleted", "ack_missing")
 
 
-def discard(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def discard(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """``DISCARD``: the row was dropped undelivered (its blob is gone, or too large for the vehicle)."""
     finish_row(txn, dbs, op, counts, tally, tables.STATUS_DISCARDED, "discard_deleted", "discard_missing")
 
 
-def expire(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tally: ApplyTally) -> None:
+def expire(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tally: ApplyTally) -> None:
     """``EXPIRE``: the row was not delivered within its request's ttl."""
     finish_row(txn, dbs, op, counts, tally, tables.STATUS_EXPIRED, "expire_deleted", "expire_missing")
 
 
-def finish_row(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tally: ApplyTally, status: str,
+def finish_row(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tally: ApplyTally, status: str,
                deleted: str, missing: str) -> None:
     """Delete an ``ids`` row and record its outcome (``status`` at ``op[4]``) in its ``reqs`` row, and, when that
     changes the row's status, in a receipt (a repeated PUBACK changes nothing; a late one of a row cancelled or

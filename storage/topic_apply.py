@@ -64,7 +64,7 @@ class TopicTally:
         (:meth:`_receipt_segments`)."""
         self._pending: list[tuple[bytes, bytes]] = []
 
-    def take(self, txn: lmdb.Transaction, prefix: bytes, n: int) -> int:
+    def take(self, txn: lmdb.Transaction[bytes], prefix: bytes, n: int) -> int:
         """Reserve ``n`` offsets of the partition keyed ``prefix``; returns the first."""
         first = self._next.get(prefix)
         if first is None:
@@ -72,12 +72,12 @@ class TopicTally:
         self._next[prefix] = first + n
         return first
 
-    def current(self, txn: lmdb.Transaction, prefix: bytes) -> int:
+    def current(self, txn: lmdb.Transaction[bytes], prefix: bytes) -> int:
         """The next offset of a partition as of this point of the transaction."""
         nxt = self._next.get(prefix)
         return topics.read_counter(txn, self._dbs.topic_counters, prefix) if nxt is None else nxt
 
-    def receipt(self, txn: lmdb.Transaction, request_id: str, vin: str, data_id: str, status: str, ts_ms: int) -> None:
+    def receipt(self, txn: lmdb.Transaction[bytes], request_id: str, vin: str, data_id: str, status: str, ts_ms: int) -> None:
         """Append the receipt of one (request, VIN) outcome to ``receipts`` partition = this shard (written to the
         log at :meth:`write_pending`, before any other topic op of the batch and at its end)."""
         prefix = self._receipt_prefix
@@ -116,13 +116,13 @@ class TopicTally:
         self._segments[(request_id, data_id, status, ts_ms, n)] = segments
         return segments
 
-    def write_pending(self, txn: lmdb.Transaction) -> None:
+    def write_pending(self, txn: lmdb.Transaction[bytes]) -> None:
         """Put the receipts appended so far into the log (one C-level ``putmulti``)."""
         if self._pending:
             put_log(txn.cursor(self._dbs.topic_log), self._pending)
             self._pending.clear()
 
-    def flush(self, txn: lmdb.Transaction) -> None:
+    def flush(self, txn: lmdb.Transaction[bytes]) -> None:
         """Write the pending receipts and the counters of the partitions this transaction appended to."""
         self.write_pending(txn)
         db = self._dbs.topic_counters
@@ -145,7 +145,7 @@ def _inc(counts: Counts, name: str, n: int = 1) -> None:
     counts[name] = counts.get(name, 0) + n
 
 
-def create_topic(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
+def create_topic(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
     """Upsert a catalog row; an existing topic keeps its partition count and creation time."""
     _, name, topic_filter, partitions, retention_ms, retention_bytes, key_level, ts_ms = op
     key = name.encode()
@@ -159,7 +159,7 @@ def create_topic(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: T
     _inc(counts, "topic_created" if raw is None else "topic_updated")
 
 
-def topic_append(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
+def topic_append(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
     """Entries at the partition's next offsets (the op's time is their ``ts_ms``)."""
     _, topic, partition, ts_ms, entries = op
     prefix = topics.partition_prefix(topic, partition)
@@ -171,7 +171,7 @@ def topic_append(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: T
     _inc(counts, "topic_appended", len(entries))
 
 
-def put_log(cur: lmdb.Cursor, entries: list[tuple[bytes, bytes]]) -> None:
+def put_log(cur: lmdb.Cursor[bytes], entries: list[tuple[bytes, bytes]]) -> None:
     """Put ``entries`` (keys ascending, none stored yet) into the ``topic_log`` table of ``cur``: appended (MDB_APPEND,
     full pages) when all of them sort after the table's last key, else by ordinary puts."""
     if not entries:
@@ -186,7 +186,7 @@ def put_log(cur: lmdb.Cursor, entries: list[tuple[bytes, bytes]]) -> None:
         cur.putmulti(entries)
 
 
-def topic_commit(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
+def topic_commit(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
     """A group's offset moves forward only."""
     _, topic, group, partition, offset, ts_ms = op
     key = topics.offsets_key(topic, group, partition)
@@ -198,14 +198,14 @@ def topic_commit(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: T
     _inc(counts, "topic_committed")
 
 
-def topic_reset(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
+def topic_reset(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
     """A group's offset is set, also backwards."""
     _, topic, group, partition, offset, ts_ms = op
     txn.put(topics.offsets_key(topic, group, partition), topics.pack([offset, ts_ms]), db=dbs.topic_offsets)
     _inc(counts, "topic_reset")
 
 
-def topic_prune_if(txn: lmdb.Transaction, dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
+def topic_prune_if(txn: lmdb.Transaction[bytes], dbs: Any, op: Any, counts: Counts, tt: TopicTally) -> None:
     """Delete a partition's entries below an offset (never the counter: offsets are not reused)."""
     _, topic, partition, below = op
     prefix = topics.partition_prefix(topic, partition)

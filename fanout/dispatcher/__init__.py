@@ -4,4 +4,4 @@ composes the per-VIN state machine (``machine``, its records in ``state``), the 
 output (``output``) and what status/inspect read (``introspection``). ``actors.dispatcher`` wraps it."""
 from fanout import native as _native
 
-_native.extend_path(__path__, "dispatcher")  # noqa: F821 -- compiled modules (make native) before the sources
+_native.extend_path(__path__, "fanout.dispatcher")  # noqa: F821 -- compiled modules (make native) before the sources

@@ -5,4 +5,4 @@ The hot-path modules run compiled when ``make`` built them and their sources hav
 """
 from fanout import native as _native
 
-_native.extend_path(__path__, "mqtt")  # noqa: F821 -- the package's own search path
+_native.extend_path(__path__, "fanout.mqtt")  # noqa: F821 -- the package's own search path

@@ -4,4 +4,4 @@ dispatcher events and executes deliveries (``core``), ships events by the batchi
 (``peer_routes``) and builds delivery topics (``delivery_topic``). ``actors.connection_node`` wraps it."""
 from fanout import native as _native
 
-_native.extend_path(__path__, "node")  # noqa: F821 -- compiled modules (make native) before the sources
+_native.extend_path(__path__, "fanout.node")  # noqa: F821 -- compiled modules (make native) before the sources

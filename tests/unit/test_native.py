@@ -12,10 +12,10 @@ import pytest
 
 from fanout import native
 
-ROOT = native.ROOT.parent
+ROOT = native.PROJECT
 
 
-def _package_copy(tmp_path: Path, *, built: bool, name: str = "fanout") -> Path:
+def _package_copy(tmp_path: Path, *, built: bool, name: str = "project") -> Path:
     """The compiled modules' sources in a tree of their own, with a digest as a build leaves it."""
     pkg = tmp_path / name
     for module in native.COMPILED:
@@ -23,19 +23,19 @@ def _package_copy(tmp_path: Path, *, built: bool, name: str = "fanout") -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(native.source_path(module), dest)
     if built:
-        (pkg / native.DIR_NAME).mkdir()
-        (pkg / native.DIR_NAME / native.DIGEST_FILE).write_text(native.sources_digest(pkg) + "\n")
+        native.tree(pkg).mkdir()
+        (native.tree(pkg) / native.DIGEST_FILE).write_text(native.sources_digest(pkg) + "\n")
     return pkg
 
 
 def test_compiled_modules_are_used_when_they_match_their_sources(tmp_path: Path) -> None:
     pkg = _package_copy(tmp_path, built=True)
-    assert native.choose(pkg, {}) == ("compiled", pkg / native.DIR_NAME)
+    assert native.choose(pkg, {}) == ("compiled", native.tree(pkg))
 
 
 def test_an_edited_source_makes_the_compiled_modules_stale(tmp_path: Path) -> None:
     pkg = _package_copy(tmp_path, built=True)
-    with native.source_path("dispatcher.machine", pkg).open("a") as f:
+    with native.source_path("storage.row_outcomes", pkg).open("a") as f:
         f.write("\n# edited after the build\n")
     assert native.choose(pkg, {}) == ("stale", None)  # the edit runs, not the old machine code
 
@@ -67,8 +67,8 @@ def test_the_hot_path_runs_compiled_after_make() -> None:
 
 
 def test_the_python_sources_pass_the_hot_path_tests() -> None:
-    """What runs without a C compiler, or with FANOUT_NATIVE=0, is the same code: the codec, broker, node and
-    dispatcher tests in a process that imports the Python sources."""
+    """What runs without a C compiler, or with FANOUT_NATIVE=0, is the same code: the codec, broker, node,
+    dispatcher and store tests in a process that imports the Python sources."""
     env = dict(os.environ, **{native.ENV: "0"})
     check = ("from fanout import native; assert native.STATUS == 'disabled', native.STATUS; "
              "assert native.running_compiled() == [], native.running_compiled()")
@@ -76,7 +76,9 @@ def test_the_python_sources_pass_the_hot_path_tests() -> None:
     tests = ["tests/unit/test_codec.py", "tests/unit/test_mqtt_broker.py", "tests/unit/test_mqtt_session.py",
              "tests/unit/test_mqtt_no_io.py", "tests/unit/test_mqtt5_fastpaths.py", "tests/unit/test_trie.py",
              "tests/unit/test_topics.py", "tests/unit/test_mqtt_bounds.py", "tests/unit/test_node_core.py",
-             "tests/unit/test_dispatch_machine.py", "tests/unit/test_dispatcher_core.py"]
+             "tests/unit/test_dispatch_machine.py", "tests/unit/test_dispatcher_core.py",
+             "tests/unit/test_storage_shard.py", "tests/unit/test_receipts.py", "tests/unit/test_request_stats.py",
+             "tests/unit/test_storage_props.py", "tests/unit/test_topics_appends.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
