@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decoder5 import DECODER_TABLES, LevelChosen, connect_any
+from .decoder5 import DECODER_TABLES
 from .encoder import (  # noqa: F401 - re-exported API
     MAX_REMAINING_LENGTH, encode, encode_connack, encode_puback, encode_pubcomp, encode_publish,
     encode_pubrec, encode_pubrel, encode_suback, encode_unsuback, encode_varint,
@@ -96,11 +96,6 @@ def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAI
     decoder = tables[0][first]
     if decoder is None:
         raise MalformedPacket(tables[1][first])
-    if first == 0x10 and protocol_level is None:
-        # A server's first CONNECT (feed_first): decoded by its own level field, returned, not raised as
-        # LevelChosen; compiled code pays a traceback frame per level an exception crosses (~9,000
-        # instructions per connect).
-        decoder = connect_any
     if end < 2:
         raise NeedData("remaining length missing")
     rl = buf[1]
@@ -120,7 +115,7 @@ def decode(buf: bytes | bytearray | memoryview, max_packet_size: int = MAX_REMAI
     if type(buf) is not bytes:
         # Decoders slice bytes; copy only this packet, once.
         buf = bytes(memoryview(buf)[:stop])
-    return decoder(buf, first, start, stop), stop  # a CONNECT at level None came from connect_any: no LevelChosen
+    return decoder(buf, first, start, stop), stop
 
 
 class PacketReader:
@@ -248,6 +243,7 @@ class PacketReader:
         end = len(data)
         decoders = self._decoders
         max_size = self._max
+        negotiating = self._level is None  # a server before the CONNECT
         try:
             while pos < end:
                 first = data[pos]
@@ -273,11 +269,11 @@ class PacketReader:
                         decoder(b"", first, 0, rl)  # raises the length error
                     self._need = stop - pos
                     break
-                try:
-                    out.append(decoder(data, first, start, stop))
-                except LevelChosen as chosen:
-                    out.append(chosen.packet)
-                    decoders = self._use_level(chosen.level)
+                packet = decoder(data, first, start, stop)
+                out.append(packet)
+                if negotiating and first == 0x10:  # the CONNECT's level (4 or 5) applies from the next packet on
+                    negotiating = False
+                    decoders = self._use_level(packet.protocol_level)
                 pos = stop
             else:
                 self._need = 1

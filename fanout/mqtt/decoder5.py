@@ -14,9 +14,10 @@ Protocol levels (:data:`DECODER_TABLES`):
 - ``4``: the MQTT 3.1.1 tables of :mod:`fanout.mqtt.decoder`, untouched (a level-5 CONNECT is refused
   with :class:`UnsupportedProtocol`).
 - ``5``: MQTT 5; a CONNECT is decoded by its own protocol level field (4 or 5).
-- ``None``: not negotiated yet (a server before the CONNECT): packets decode as 3.1.1, and a CONNECT of
-  level 4 or 5 raises :class:`LevelChosen` carrying the packet, upon which the reader switches to that
-  level's table for the rest of the stream (bytes after the CONNECT in the same chunk included).
+- ``None``: not negotiated yet (a server before the CONNECT): packets decode as 3.1.1, and a CONNECT is
+  decoded by its own protocol level field (4 or 5) and returned; the reader then switches to that level's
+  table for the rest of the stream (bytes after the CONNECT in the same chunk included). Returned, not
+  raised: in compiled code an exception costs a traceback frame per function it crosses.
 """
 from __future__ import annotations
 
@@ -49,20 +50,6 @@ _new_publish = unchecked(Publish5)
 _new_subscription = unchecked(Subscription)
 _new_subscribe = unchecked(Subscribe5)
 _new_unsubscribe = unchecked(Unsubscribe5)
-
-
-class LevelChosen(Exception):
-    """Not an error: a CONNECT decoded while the protocol level was not negotiated yet.
-
-    Raised by the negotiating CONNECT decoder instead of returning, so that the reader's loop pays
-    nothing for negotiation on every other packet (a ``try`` costs nothing in Python 3.11 until it
-    catches).
-    """
-
-    def __init__(self, packet: Any, level: int) -> None:
-        super().__init__(level)
-        self.packet = packet
-        self.level = level
 
 
 def _check_topic_name(topic: str, what: str) -> None:
@@ -123,15 +110,6 @@ def _d_connect_any(buf: bytes, first: int, pos: int, stop: int) -> Any:
     if name == "MQTT" and level == 5:
         return _d_connect5(buf, first, p, stop)
     return _d_connect(buf, first, pos, stop)  # level 4, or raises UnsupportedProtocol
-
-
-connect_any = _d_connect_any  # for codec.decode, whose caller takes the level from the packet (feed_first)
-
-
-def _d_connect_negotiate(buf: bytes, first: int, pos: int, stop: int) -> Any:
-    """The first CONNECT of a stream whose level is not negotiated: raise :class:`LevelChosen`."""
-    pkt = _d_connect_any(buf, first, pos, stop)
-    raise LevelChosen(pkt, pkt.protocol_level)
 
 
 def _d_connack5(buf: bytes, first: int, pos: int, stop: int) -> Connack5:
@@ -360,7 +338,7 @@ def _tables_5() -> tuple[list[_Decoder | None], list[str], list[int]]:
 
 DECODERS_5, FIRST_BYTE_ERRORS_5, FIXED_REMAINING_LENGTH_5 = _tables_5()
 _NEGOTIATING = list(DECODERS)
-_NEGOTIATING[0x10] = _d_connect_negotiate
+_NEGOTIATING[0x10] = _d_connect_any  # the reader takes the level from the packet
 
 # protocol level -> (decoders, first-byte errors, fixed remaining lengths), see the module docstring.
 DECODER_TABLES: dict[int | None, tuple[list[Any], list[str], list[int]]] = {
