@@ -42,6 +42,29 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
         time.sleep(interval)
 
 
+def connections_by_node(cluster: Any) -> dict[str, int]:
+    """Connections each connection node (listener process) of ``cluster`` holds, from ``fanout status``."""
+    return {n["node_id"]: n.get("connections", 0) for n in cluster.status()["nodes"]}
+
+
+def spread_over_listeners(cluster: Any, clients: list[Any], add: Callable[[], None], at_least: int,
+                          at_most: int = 32) -> dict[str, int]:
+    """Connect clients until ``at_least`` are counted and every listener holds one; return the count per listener.
+
+    With ``mqtt.listeners_per_node > 1`` the kernel hashes each connection's 4-tuple over the listeners sharing
+    the port (SO_REUSEPORT), so N clients all land on one of two listeners once in 2**(N-1) runs: a test that
+    needs clients on both adds more, up to ``at_most`` (odds 2**-31 at 32), and still asserts that both have one.
+    ``add()`` makes one client, appends it to ``clients`` (which the caller closes) and connects it.
+    """
+    by_node: dict[str, int] = {}
+    while len(clients) < at_least or (len(clients) < at_most and not all(n > 0 for n in by_node.values())):
+        add()
+        if len(clients) >= at_least:
+            by_node = wait_until(lambda: (c := connections_by_node(cluster)) and sum(c.values()) >= len(clients)
+                                 and c, 15, "clients counted by the listeners")
+    return by_node
+
+
 def fanout_config(tmp_path: Path, **fanout: Any) -> Any:
     """Test config: port 0 on loopback, tmp data dir, 2 dispatchers unless ``fanout`` says otherwise, fast $SYS, no
     HTTP listener."""
@@ -236,5 +259,5 @@ def publish_batch(port: int, ids: list[str], request_id: str, data_id: str = "d1
         p.disconnect()
 
 
-__all__ = ["wait_until", "fanout_config", "running_cluster", "Vehicle", "RawClient", "platform", "publish_batch",
-           "trigger_payload", "PLATFORM_LOGIN", "Puback", "Publish"]
+__all__ = ["wait_until", "connections_by_node", "spread_over_listeners", "fanout_config", "running_cluster", "Vehicle",
+           "RawClient", "platform", "publish_batch", "trigger_payload", "PLATFORM_LOGIN", "Puback", "Publish"]

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from .fanout_harness import RawClient, Vehicle, fanout_config, publish_batch, running_cluster, wait_until
+from .fanout_harness import (
+    RawClient, Vehicle, connections_by_node, fanout_config, publish_batch, running_cluster, spread_over_listeners,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,10 +24,6 @@ def fanout(ray_local, tmp_path_factory):
         yield cluster
 
 
-def _connections_by_node(fanout) -> dict[str, int]:
-    return {n["node_id"]: n.get("connections", 0) for n in fanout.status()["nodes"]}
-
-
 def test_two_listeners_share_the_port(fanout):
     nodes = fanout.nodes
     assert len(nodes) == 2 and len({n["port"] for n in nodes}) == 1
@@ -34,16 +33,13 @@ def test_two_listeners_share_the_port(fanout):
 def test_vehicles_spread_over_listeners_and_all_get_the_batch(fanout):
     vins: list[str] = []
     cars: list[Vehicle] = []
+
+    def add() -> None:
+        vins.append(f"LST{len(cars):03d}")
+        cars.append(Vehicle(fanout.port, vins[-1]))
+
     try:
-        # The kernel hashes each connection's 4-tuple over the listeners: 16 vehicles all land on one of them
-        # once in 2**15 runs. Vehicles are added, up to 32, until both listeners have one (odds 2**-31).
-        by_node: dict[str, int] = {}
-        while len(cars) < 16 or (len(cars) < 32 and not all(n > 0 for n in by_node.values())):
-            vins.append(f"LST{len(cars):03d}")
-            cars.append(Vehicle(fanout.port, vins[-1]))
-            if len(cars) >= 16:
-                by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(vins)
-                                     and c, 15, "every vehicle counted by a listener")
+        by_node = spread_over_listeners(fanout, cars, add, at_least=16)
         assert len(by_node) == 2 and all(n > 0 for n in by_node.values()), by_node
         publish_batch(fanout.port, vins, "lst-1", data_id="lst-blob", blob=b"fw")
         for car in cars:
@@ -64,7 +60,7 @@ def test_publish_reaches_subscribers_on_every_listener(fanout):
     subscriber gets every publish, whichever listener it is on."""
     subs = [Vehicle(fanout.port, f"news-sub-{i}", subscribe="fleet/news") for i in range(8)]
     try:
-        by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(subs) and c,
+        by_node = wait_until(lambda: (c := connections_by_node(fanout)) and sum(c.values()) >= len(subs) and c,
                              15, "subscribers connected")
         pub = RawClient(fanout.port, "news-pub")
         try:
@@ -107,19 +103,15 @@ def test_mqtt5_properties_cross_listeners(fanout):
 
     subs: list[Paho5] = []
     pub = Paho5("props-pub")
+
+    def add() -> None:
+        sub = Paho5(f"props-sub-{len(subs)}")
+        subs.append(sub)
+        sub.connect(fanout.port)
+        assert sub.subscribe(("fleet/props", opts(1))) == [1]
+
     try:
-        # The kernel hashes each connection's 4-tuple over the listeners, so 8 subscribers all land on one of
-        # them once in 128 runs (a CI run saw it). Subscribers are added until both listeners have one: the
-        # odds that 32 land on one are 2**-31.
-        by_node: dict[str, int] = {}
-        while len(subs) < 8 or (len(subs) < 32 and not all(n > 0 for n in by_node.values())):
-            sub = Paho5(f"props-sub-{len(subs)}")
-            subs.append(sub)
-            sub.connect(fanout.port)
-            assert sub.subscribe(("fleet/props", opts(1))) == [1]
-            if len(subs) >= 8:
-                by_node = wait_until(lambda: (c := _connections_by_node(fanout)) and sum(c.values()) >= len(subs)
-                                     and c, 15, "subscribers connected")
+        by_node = spread_over_listeners(fanout, subs, add, at_least=8)  # a CI run once saw all 8 on one listener
         assert len(by_node) == 2 and all(n > 0 for n in by_node.values()), by_node
         pub.connect(fanout.port)
         got: dict[str, object] = {}

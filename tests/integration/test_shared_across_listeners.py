@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from .fanout_harness import fanout_config, running_cluster, wait_until
+from .fanout_harness import fanout_config, running_cluster, spread_over_listeners, wait_until
 from .test_mqtt5_clients import Paho5, opts
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,6 +34,13 @@ def test_200_qos1_messages_reach_one_member_of_the_group_exactly_once_across_lis
     pub = Paho5("share-pub")
     received: dict[str, list[bytes]] = {}
 
+    def add_member() -> None:
+        m = Paho5(f"share-m{len(members)}")
+        members.append(m)
+        received[m.client_id] = []
+        m.connect(fanout.port)
+        assert m.subscribe((GROUP, opts(1))) == [1]
+
     def collect() -> None:
         for m in members:
             while True:
@@ -43,19 +50,9 @@ def test_200_qos1_messages_reach_one_member_of_the_group_exactly_once_across_lis
                     break
 
     try:
-        # The kernel hashes each connection's 4-tuple over the two listeners: 8 members all land on one of them
-        # once in 128 runs. Members are added, up to 32, until both listeners have one (odds 2**-31); the
-        # round-robin over members still serves each of them several of the 200 messages.
-        by_node: dict[str, int] = {}
-        while len(members) < 8 or (len(members) < 32 and not all(n > 0 for n in by_node.values())):
-            m = Paho5(f"share-m{len(members)}")
-            members.append(m)
-            received[m.client_id] = []
-            m.connect(fanout.port)
-            assert m.subscribe((GROUP, opts(1))) == [1]
-            if len(members) >= 8:
-                by_node = wait_until(lambda: (c := {n["node_id"]: n.get("connections", 0) for n in _node_stats(fanout)})
-                                     and sum(c.values()) >= len(members) and c, 15, "members connected")
+        # Up to 32 members until both listeners have one; the round-robin over members still serves each of them
+        # several of the 200 messages.
+        by_node = spread_over_listeners(fanout, members, add_member, at_least=8)
         assert len(by_node) == 2 and all(n > 0 for n in by_node.values()), by_node
         pub.connect(fanout.port)
 
