@@ -44,6 +44,7 @@ from storage import WriteBatch
 
 from .connection_node import ConnectionNode
 from .names import NODE_RESOURCE, fanout_ray_nodes, remote_error_text
+from .ray_observability import actor_options
 from .requests import RequestDesk
 from .shard_count import choose_shard_count
 from .shards import ShardSet
@@ -196,6 +197,7 @@ class Controller:
             self._addresses.add(address)
             self._ray_node_ids[ray_node["NodeID"]] = node_id
         handle = ConnectionNode.options(
+            **actor_options(cfg),
             # a share of the node's one fanout_node unit, rounded down (Ray keeps 4 decimals)
             resources={NODE_RESOURCE: 1.0 if per_node == 1 else int(10_000 / per_node) / 10_000},
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node["NodeID"], soft=False),

@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .dispatcher import Dispatcher
 from .names import fanout_ray_nodes
+from .ray_observability import actor_options
 from .shard_count import LAYOUT_FILE, read_layout
 from .store_replica import StoreReplica, replica_dir
 
@@ -47,10 +48,6 @@ log = structlog.get_logger(__name__)
 PROBE_TIMEOUT_S = 2.0
 RESTART_GRACE = 4  # failover_timeouts a silent actor on a live node gets to be restarted by Ray
 START_TIMEOUT_S = 120.0
-
-
-def _affinity(ray_node_id: str) -> NodeAffinitySchedulingStrategy:
-    return NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
 
 
 class _Loc:
@@ -123,14 +120,14 @@ class ShardSet:
             others = [rn for rn in ray_nodes if rn["NodeID"] != prim_node["NodeID"]] or [prim_node]
             for i, spec in enumerate(rep_specs):
                 rn = self._node_for(spec, others, others[(k + i) % len(others)])
-                handle = StoreReplica.options(scheduling_strategy=_affinity(rn["NodeID"])).remote(
+                handle = StoreReplica.options(**self._on_node(rn["NodeID"])).remote(
                     cfg, k, spec["id"], spec["path"])
                 reps[spec["id"]] = _Loc(handle, spec["path"], rn, spec["id"])
             self.replicas.append(reps)
             self._next_rid.append(1 + max([int(r[1:]) for r in reps if r[1:].isdigit()], default=-1))
             self.epochs.append(int(lay["epoch"]) if lay else 1)
             path = lay["primary"]["path"] if lay else str(Path(self.data_dir) / f"shard-{k}")
-            handle = Dispatcher.options(scheduling_strategy=_affinity(prim_node["NodeID"])).remote(
+            handle = Dispatcher.options(**self._on_node(prim_node["NodeID"])).remote(
                 cfg, k, shards, self.data_dir, self.controller_name, self._replication(k, path))
             self.primaries.append(_Loc(handle, path, prim_node))
         await asyncio.gather(*(p.handle.ready.remote() for p in self.primaries))
@@ -146,6 +143,11 @@ class ShardSet:
     async def _wire(self, k: int) -> None:
         await self.primaries[k].handle.set_replicas.remote(
             self.epochs[k], {rid: r.handle for rid, r in self.replicas[k].items()}, self.min_acks)
+
+    def _on_node(self, ray_node_id: str) -> dict[str, Any]:
+        """``.options()`` of a store actor pinned to a Ray node (without Ray's task events unless configured)."""
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
+                **actor_options(self.config)}
 
     @staticmethod
     def _node_for(spec: dict[str, Any] | None, candidates: list[dict[str, Any]],
@@ -290,7 +292,7 @@ class ShardSet:
         closed = await best.handle.promote.remote()
         ray.kill(best.handle, no_restart=True)
         ray_node = {"NodeID": best.ray_node_id, "NodeManagerAddress": best.address}
-        handle = Dispatcher.options(scheduling_strategy=_affinity(best.ray_node_id)).remote(
+        handle = Dispatcher.options(**self._on_node(best.ray_node_id)).remote(
             self.config, k, self._shards, self.data_dir, self.controller_name,
             {"path": closed["path"], "epoch": epoch, "min_acks": self.min_acks})
         await asyncio.wait_for(handle.ready.remote(), START_TIMEOUT_S)
@@ -359,7 +361,7 @@ class ShardSet:
             i = self._next_rid[k]
             self._next_rid[k] += 1
             rid, path = f"r{i}", str(replica_dir(self.data_dir, k, i))
-            handle = StoreReplica.options(scheduling_strategy=_affinity(rn["NodeID"])).remote(self.config, k, rid, path)
+            handle = StoreReplica.options(**self._on_node(rn["NodeID"])).remote(self.config, k, rid, path)
             try:
                 await asyncio.wait_for(handle.ready.remote(), START_TIMEOUT_S)
             except Exception as exc:

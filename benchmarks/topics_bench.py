@@ -172,6 +172,7 @@ class FanoutSubject:
 
         import ray
 
+        from actors.ray_observability import system_config
         from cluster.runtime import start_fanout
         from fanout.config import load_config
         from storage.topics import TopicSpec
@@ -182,7 +183,8 @@ class FanoutSubject:
         cfg = cfg.replace("cluster", direct_channels=DIRECT_CHANNELS)
         cfg = dataclasses.replace(cfg, topics=(TopicSpec.build("responses", "ecp/+/response"),))
         ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 << 20,
-                 resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False)
+                 resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
+                 _system_config=system_config(cfg))  # as `fanout up` starts Ray
         try:
             self.fanout = start_fanout(cfg, name="topics-bench", log_to_driver=False)
         except BaseException:

@@ -111,6 +111,7 @@ def init_ray(config: Any, address: str, *, log_to_driver: bool = True) -> bool:
     import ray
 
     from actors.names import NAMESPACE, NODE_RESOURCE
+    from actors.ray_observability import system_config
 
     if ray.is_initialized():
         return False
@@ -119,7 +120,8 @@ def init_ray(config: Any, address: str, *, log_to_driver: bool = True) -> bool:
         cl = config.cluster
         use_private_token(config.storage.data_dir)
         ray.init(address="local", num_cpus=cl.num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                 object_store_memory=cl.object_store_memory_bytes, resources={NODE_RESOURCE: 1}, **common)
+                 object_store_memory=cl.object_store_memory_bytes, resources={NODE_RESOURCE: 1},
+                 _system_config=system_config(config), **common)
         return True
     ray.init(address=address, **common)
     return False
@@ -149,6 +151,7 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
 
     from actors.controller import Controller
     from actors.names import CONTROLLER_NAME, NAMESPACE, remote_error_text
+    from actors.ray_observability import actor_options
     from cluster.http import HttpService
 
     name = name or CONTROLLER_NAME
@@ -164,7 +167,8 @@ def start_fanout(config: Any, *, address: str | None = None, name: str | None = 
 
     # On the driver's node: the controller runs failover, so it should not share the fate of a worker node.
     options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "scheduling_strategy":
-                               NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+                               NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
+                               **actor_options(config)}
     if detached:
         options["lifetime"] = "detached"
     controller = Controller.options(**options).remote(config, HttpService)

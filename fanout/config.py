@@ -197,6 +197,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "address": Field("address", "local", _str(), "Ray address: local, auto or HOST:PORT"),
         "num_cpus": Field("num_cpus", 0, _int(0), "CPUs for a local Ray instance (0 = all)"),
         "object_store_memory": Field("object_store_memory_bytes", "256MiB", _size(78 << 20), "object store of a local Ray instance"),
+        "ray_observability": Field("ray_observability", False, _bool, "Ray's own task events, handler statistics and metrics (Ray dashboard task list, `ray list tasks`, Ray's Prometheus metrics); off, the fanout actors report no task events and a local Ray instance collects none of the three (their cost: docs/profile.md); sdv-fanout's /metrics, $SYS and console do not use them"),
         "direct_channels": Field("direct_channels", True, _bool, "hot actor calls (replication, ...) over authenticated direct TCP channels instead of Ray calls (~50 µs instead of ~1.8 ms of CPU each)"),
         "channel_host": Field("channel_host", "127.0.0.1", _str(), "address the actors' direct channels listen on: 127.0.0.1 on one machine, 'node' = the Ray node's IP for a cluster spanning machines"),
         "channel_tls": Field("channel_tls", "auto", _str(("auto", "on", "off")), "TLS 1.3 on the direct channels (one self-signed certificate per Ray cluster, pinned): 'auto' = when channel_host is not a loopback address, i.e. the channels cross machines"),

@@ -32,6 +32,18 @@ def test_every_node_gets_the_fanout_node_resource(raw):
         assert all("""--resources='{"fanout_node":1}'""" in c for c in starts), key
 
 
+def test_the_head_starts_ray_as_fanout_up_does(raw):
+    """The head's --system-config is actors.ray_observability.SYSTEM_CONFIG (Ray's own observability off)."""
+    import json
+    import shlex
+
+    from actors.ray_observability import SYSTEM_CONFIG
+
+    (start,) = [c for c in raw["head_start_ray_commands"] if "ray start" in c]
+    flags = [w for w in shlex.split(start) if w.startswith("--system-config=")]
+    assert [json.loads(f.split("=", 1)[1]) for f in flags] == [SYSTEM_CONFIG]
+
+
 def test_installs_the_project_and_starts_fanout(raw):
     assert raw["file_mounts"]["~/sdv-fanout"] == "."
     assert any("make install native" in c for c in raw["setup_commands"])
