@@ -15,14 +15,22 @@ created with ``enable_task_events=False`` (:func:`actor_options`), so their call
 """
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
-# Ray's names (src/ray/common/ray_config_def.h): 0 disables task event recording and reporting.
-SYSTEM_CONFIG: dict[str, Any] = {
+# Ray's names (src/ray/common/ray_config_def.h): 0 disables task event recording and reporting. Read-only:
+# ``ray.init`` adds keys of its own session (the object spilling directory) to the dict it is given, so it
+# only ever gets a copy (quiet_system_config), never this.
+SYSTEM_CONFIG: Mapping[str, Any] = MappingProxyType({
     "task_events_report_interval_ms": 0,
     "event_stats": False,
     "enable_metrics_collection": False,
-}
+})
+
+
+def quiet_system_config() -> dict[str, Any]:
+    """A new dict of :data:`SYSTEM_CONFIG` for one ``ray.init``/``Cluster`` head (they write into it)."""
+    return dict(SYSTEM_CONFIG)
 
 
 def enabled(config: Any) -> bool:
@@ -31,8 +39,9 @@ def enabled(config: Any) -> bool:
 
 
 def system_config(config: Any) -> dict[str, Any]:
-    """The ``_system_config`` of a Ray instance ``fanout up`` starts: :data:`SYSTEM_CONFIG`, or none when enabled."""
-    return {} if enabled(config) else dict(SYSTEM_CONFIG)
+    """The ``_system_config`` of a Ray instance ``fanout up`` starts: :data:`SYSTEM_CONFIG`, or none when enabled
+    (a new dict each call)."""
+    return {} if enabled(config) else quiet_system_config()
 
 
 def actor_options(config: Any) -> dict[str, Any]:
@@ -40,4 +49,4 @@ def actor_options(config: Any) -> dict[str, Any]:
     return {"enable_task_events": enabled(config)}
 
 
-__all__ = ["SYSTEM_CONFIG", "actor_options", "enabled", "system_config"]
+__all__ = ["SYSTEM_CONFIG", "actor_options", "enabled", "quiet_system_config", "system_config"]

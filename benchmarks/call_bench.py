@@ -89,10 +89,11 @@ def measure(count: int, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, f
     """``{system: {"<figure>_<size>": value}}`` on a fresh local Ray instance (shut down at the end)."""
     import ray
 
-    from actors.ray_observability import SYSTEM_CONFIG
+    from actors.ray_observability import quiet_system_config
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 << 20,
-             log_to_driver=False, configure_logging=False, _system_config=SYSTEM_CONFIG)  # as `fanout up` starts Ray
+             log_to_driver=False, configure_logging=False,
+             _system_config=quiet_system_config())  # as `fanout up` starts Ray
     try:
         plain, tls = _actors(ray, False), _actors(ray, True)  # (callee, caller) pairs
         pairs = {"ray_call": plain, "channel": plain, "channel_tls": tls}

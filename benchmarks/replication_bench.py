@@ -84,7 +84,7 @@ def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
 
     import ray
 
-    from actors.ray_observability import SYSTEM_CONFIG
+    from actors.ray_observability import quiet_system_config
     from cluster.runtime import start_fanout
 
     triggers, per = (5, 2_000) if quick else (20, 10_000)
@@ -92,7 +92,7 @@ def ingest_phase(quick: bool, repeats: int) -> dict[str, Any]:
                            "interleaved": True, "runs": {f"r{r}": [] for r in (0, 1, 2)}, "load_avg_1m": []}
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 << 20,
              resources={"fanout_node": 3}, log_to_driver=False, configure_logging=False,
-             _system_config=SYSTEM_CONFIG)  # as `fanout up` starts Ray
+             _system_config=quiet_system_config())  # as `fanout up` starts Ray
     try:
         with contextlib.ExitStack() as stack:
             clusters = {}

@@ -30,7 +30,7 @@ os.environ.setdefault("FANOUT_HTTP_PORT", "0")
 def ray_local():
     import ray
 
-    from actors.ray_observability import SYSTEM_CONFIG
+    from actors.ray_observability import quiet_system_config
 
     if ray.is_initialized():
         ray.shutdown()
@@ -42,7 +42,7 @@ def ray_local():
         resources={"fanout_node": 1},
         log_to_driver=False,
         configure_logging=False,
-        _system_config=SYSTEM_CONFIG,  # Ray as `fanout up` starts it (actors.ray_observability)
+        _system_config=quiet_system_config(),  # Ray as `fanout up` starts it (actors.ray_observability)
     )
     try:
         yield ray

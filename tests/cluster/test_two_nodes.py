@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 
-from actors.ray_observability import SYSTEM_CONFIG
+from actors.ray_observability import quiet_system_config
 from tests.integration.fanout_harness import (
     Publish, RawClient, Vehicle, fanout_config, publish_batch, running_cluster, wait_until,
 )
@@ -20,7 +20,8 @@ from tests.integration.fanout_harness import (
 
 def _restart_session_ray() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False, _system_config=SYSTEM_CONFIG)
+             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
+             _system_config=quiet_system_config())
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,8 @@ def two_nodes(tmp_path_factory):
         ray.shutdown()
     node_args = {"num_cpus": 1, "resources": {"fanout_node": 1}, "object_store_memory": 80 * 1024 * 1024}
     cluster = Cluster(initialize_head=True,
-                      head_node_args={**node_args, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
+                      head_node_args={**node_args, "include_dashboard": False,
+                                      "_system_config": quiet_system_config()})
     try:
         cluster.add_node(**node_args)
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)

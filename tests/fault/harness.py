@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import ray
 
-from actors.ray_observability import SYSTEM_CONFIG
+from actors.ray_observability import quiet_system_config
 from tests.integration.fanout_harness import (
     Puback, RawClient, fanout_config, platform, running_cluster, trigger_payload, wait_until,
 )
@@ -30,7 +30,8 @@ NODE_ARGS = {"num_cpus": 1, "resources": {"fanout_node": 1}, "object_store_memor
 
 def _restart_session_ray() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False, _system_config=SYSTEM_CONFIG)
+             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
+             _system_config=quiet_system_config())
 
 
 @contextlib.contextmanager
@@ -42,7 +43,8 @@ def three_node_ray() -> Iterator[Any]:
     if had_session_ray:
         ray.shutdown()
     cluster = Cluster(initialize_head=True,
-                      head_node_args={**NODE_ARGS, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
+                      head_node_args={**NODE_ARGS, "include_dashboard": False,
+                                      "_system_config": quiet_system_config()})
     try:
         cluster.add_node(**NODE_ARGS)
         cluster.add_node(**NODE_ARGS)

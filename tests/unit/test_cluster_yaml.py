@@ -41,7 +41,7 @@ def test_the_head_starts_ray_as_fanout_up_does(raw):
 
     (start,) = [c for c in raw["head_start_ray_commands"] if "ray start" in c]
     flags = [w for w in shlex.split(start) if w.startswith("--system-config=")]
-    assert [json.loads(f.split("=", 1)[1]) for f in flags] == [SYSTEM_CONFIG]
+    assert [json.loads(f.split("=", 1)[1]) for f in flags] == [dict(SYSTEM_CONFIG)]
 
 
 def test_installs_the_project_and_starts_fanout(raw):

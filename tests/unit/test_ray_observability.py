@@ -26,9 +26,15 @@ def test_on_leaves_ray_as_it_comes():
     assert ro.actor_options(cfg) == {"enable_task_events": True}
 
 
-def test_the_returned_system_config_is_a_copy():
+def test_ray_gets_a_new_dict_each_time_and_the_constant_is_read_only():
+    # ray.init writes its session's object spilling settings into the _system_config it is given
+    given = ro.quiet_system_config()
+    given["object_spilling_config"] = '{"type": "filesystem"}'
     ro.system_config(_config())["event_stats"] = True
-    assert ro.SYSTEM_CONFIG["event_stats"] is False
+    assert dict(ro.SYSTEM_CONFIG) == ro.quiet_system_config() == ro.system_config(_config())
+    assert ro.quiet_system_config() is not ro.quiet_system_config()
+    with pytest.raises(TypeError):
+        ro.SYSTEM_CONFIG["object_spilling_config"] = "{}"  # type: ignore[index]
 
 
 def test_store_actors_are_placed_with_the_options():
