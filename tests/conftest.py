@@ -30,20 +30,11 @@ os.environ.setdefault("FANOUT_HTTP_PORT", "0")
 def ray_local():
     import ray
 
-    from actors.ray_observability import quiet_system_config
+    from tests.integration.fanout_harness import init_session_ray
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        resources={"fanout_node": 1},
-        log_to_driver=False,
-        configure_logging=False,
-        _system_config=quiet_system_config(),  # Ray as `fanout up` starts it (actors.ray_observability)
-    )
+    init_session_ray()
     try:
         yield ray
     finally:

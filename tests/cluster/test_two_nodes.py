@@ -14,14 +14,8 @@ import ray
 
 from actors.ray_observability import quiet_system_config
 from tests.integration.fanout_harness import (
-    Publish, RawClient, Vehicle, fanout_config, publish_batch, running_cluster, wait_until,
+    Publish, RawClient, Vehicle, fanout_config, init_session_ray, publish_batch, running_cluster, wait_until,
 )
-
-
-def _restart_session_ray() -> None:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
-             _system_config=quiet_system_config())
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +43,7 @@ def two_nodes(tmp_path_factory):
         ray.shutdown()
         cluster.shutdown()
         if had_session_ray:
-            _restart_session_ray()
+            init_session_ray()  # give the session its Ray back
 
 
 def ports(fanout) -> tuple[int, int]:

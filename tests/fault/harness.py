@@ -21,17 +21,11 @@ import ray
 
 from actors.ray_observability import quiet_system_config
 from tests.integration.fanout_harness import (
-    Puback, RawClient, fanout_config, platform, running_cluster, trigger_payload, wait_until,
+    Puback, RawClient, fanout_config, init_session_ray, platform, running_cluster, trigger_payload, wait_until,
 )
 
 FAULT_VINS = int(os.environ.get("FANOUT_FAULT_VINS", "100000"))
 NODE_ARGS = {"num_cpus": 1, "resources": {"fanout_node": 1}, "object_store_memory": 80 * 1024 * 1024}
-
-
-def _restart_session_ray() -> None:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
-             _system_config=quiet_system_config())
 
 
 @contextlib.contextmanager
@@ -55,7 +49,7 @@ def three_node_ray() -> Iterator[Any]:
         ray.shutdown()
         cluster.shutdown()
         if had_session_ray:
-            _restart_session_ray()
+            init_session_ray()  # give the session its Ray back
 
 
 def fault_config(tmp_path: Any, **fanout: Any) -> Any:

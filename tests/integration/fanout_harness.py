@@ -8,6 +8,8 @@
 - :class:`RawClient`: a blocking socket speaking MQTT through the project's codec, for what paho hides:
   withholding PUBACKs, seeing DUP flags, dying without DISCONNECT, observing a server-side close.
 - :func:`wait_until`: bounded polling with a failure message that says what was awaited.
+- :func:`init_session_ray`: the test session's local Ray (the ``ray_local`` fixture, and the multi-node tests
+  when they give it back).
 """
 from __future__ import annotations
 
@@ -28,6 +30,18 @@ from fanout.mqtt.codec import PacketReader, encode
 from fanout.mqtt.packets import Connack, Connect, Disconnect, Puback, Publish, Suback, Subscribe
 
 PLATFORM_LOGIN = ("platform", "platform")  # the dev platform login on a loopback listener without users
+
+
+def init_session_ray() -> None:
+    """Start the test session's local Ray: 2 CPUs, 100 MiB object store, the ``fanout_node`` resource, and Ray's
+    own observability off as ``fanout up`` starts it (actors.ray_observability)."""
+    import ray
+
+    from actors.ray_observability import quiet_system_config
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
+             resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
+             _system_config=quiet_system_config())
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", interval: float = 0.02) -> Any:
@@ -259,5 +273,5 @@ def publish_batch(port: int, ids: list[str], request_id: str, data_id: str = "d1
         p.disconnect()
 
 
-__all__ = ["wait_until", "connections_by_node", "spread_over_listeners", "fanout_config", "running_cluster", "Vehicle",
+__all__ = ["wait_until", "init_session_ray", "connections_by_node", "spread_over_listeners", "fanout_config", "running_cluster", "Vehicle",
            "RawClient", "platform", "publish_batch", "trigger_payload", "PLATFORM_LOGIN", "Puback", "Publish"]
