@@ -2,9 +2,12 @@
 """Durable topics benchmark (issue 14): append, group consumption and lag after a consumer outage, against Redis
 Streams and NATS JetStream in the same run on the same machine.
 
-- ``append``: ``PUBLISHERS`` publishers, each with a window of messages of 1 KB unacknowledged at most (run at each
-  of ``WINDOWS``: 32, as a paho-like client keeps, and 256, a deeply pipelining client), publish ``count``
-  messages round robin over ``VINS`` topics ``ecp/<VIN>/response``:
+- ``append``: publishers, each with a window of messages of 1 KB unacknowledged at most, publish ``count``
+  messages round robin over ``VINS`` topics ``ecp/<VIN>/response``; one run per ``(publishers, window)`` of
+  :data:`APPEND_RUNS`: ``PUBLISHERS`` (4) publishers at each of ``WINDOWS`` (32, as a paho-like client keeps, and 256,
+  a deeply pipelining client), then 16 and 64 publishers at window 32 (the "many publishers" of issue 14: many
+  platform services or vehicles, each a paho-like client). 4 x 32 keeps 128 messages in flight: there the figure
+  is the commit latency of the whole path (docs/topics.md); the others keep 512 or more:
   - fanout: MQTT 3.1.1 QoS 1 (the project's codec on raw asyncio sockets) to a durable topic ``ecp/+/response``;
     a PUBACK comes once the append is fsynced on the primary AND on its replica (``fanout.replicas = 1``,
     ``min_replicas_to_ack = 1``; default config otherwise: the shard count of ``fanout.dispatchers = 0``, 1 on
@@ -14,9 +17,10 @@ Streams and NATS JetStream in the same run on the same machine.
   - NATS JetStream (Debian ``nats-server -js``, file storage): ``js.publish`` with a window awaiting acks per
     client (nats-py). NATS 2.9 has no per-message fsync option (``sync_interval`` came with 2.10): its acks mean
     written to the OS, fsynced every 2 minutes; recorded as ``nats_fsync_per_message: false``.
-  Figure: messages/s = count / (last ack - first send). Target: fanout >= 1.0x Redis (reported per window).
-  For fanout also the CPU µs per appended message of each process role (``append_cpu_us_per_msg_w<window>``:
-  node, dispatcher, replica, raylet, ..., and ``client``, this process's publishers), from ``/proc``.
+  Figure: messages/s = count / (last ack - first send), as ``append_msgs_per_s_w<window>`` for 4 publishers and
+  ``append_msgs_per_s_p<publishers>_w<window>`` for the others. Target: fanout >= 1.0x Redis (reported per run).
+  For fanout also the CPU µs per appended message of each process role (``append_cpu_us_per_msg_...``, same
+  suffixes: node, dispatcher, replica, raylet, ..., and ``client``, this process's publishers), from ``/proc``.
 - ``consume``: one group reads all ``count`` messages from the start and acknowledges them, in pages:
   fanout through the dispatchers' ``topic_read`` / ``topic_commit`` (:func:`fanout.topics.consume.consume`, as
   ``fanout consume --ack`` does, ``page`` entries per partition per call), Redis ``XREADGROUP COUNT page`` +
@@ -52,6 +56,8 @@ MSG_SIZE = 1024
 PUBLISHERS = 4
 WINDOW = 32  # unacknowledged messages per publisher by default
 WINDOWS = (32, 256)  # the append phase runs at each: a paho-like client, and a deeply pipelining one
+# (publishers, window) of the append runs: PUBLISHERS at each of WINDOWS, then many paho-like publishers
+APPEND_RUNS = tuple((PUBLISHERS, w) for w in WINDOWS) + ((16, 32), (64, 32))
 VINS = 1000
 PAGE = 2000
 RATE = 5000
@@ -62,6 +68,12 @@ SYSTEMS = ("fanout", "redis", "nats")
 _ALL_SYSTEMS = SYSTEMS  # --only narrows SYSTEMS; such a run writes topics_bench_partial (harness.results.result_name)
 APPEND_ONLY = False  # --append-only: the append phase alone (A/B runs of an append-path change)
 DIRECT_CHANNELS = True  # cluster.direct_channels of the fanout subject (--ray-calls: false, the A/B of the channels)
+
+
+def append_suffix(publishers: int, window: int) -> str:
+    """The suffix of an append run's keys in the JSON: ``w32`` for :data:`PUBLISHERS` publishers (the keys of every
+    earlier result), ``p16_w32`` for other counts."""
+    return f"w{window}" if publishers == PUBLISHERS else f"p{publishers}_w{window}"
 
 
 def _topics(n: int = VINS) -> list[str]:
@@ -144,24 +156,25 @@ class MqttPublisher(asyncio.Protocol):
             await asyncio.wait_for(self.room.wait(), 60)
 
 
-async def _mqtt_publish(port: int, count: int, rate: float | None, tag: str, window: int = WINDOW) -> float:
+async def _mqtt_publish(port: int, count: int, rate: float | None, tag: str, window: int = WINDOW,
+                        publishers: int = PUBLISHERS) -> float:
     loop = asyncio.get_running_loop()
     topics = [t.encode() for t in _topics()]
     payload = b"x" * MSG_SIZE
     pubs = []
-    for k in range(PUBLISHERS):
+    for k in range(publishers):
         _t, pub = await loop.create_connection(
             lambda k=k: MqttPublisher(f"{tag}-{k}", topics, payload, window), "127.0.0.1", port)
         assert await asyncio.wait_for(pub.connack, 30) == 0
         pubs.append(pub)
-    per = count // PUBLISHERS
+    per = count // publishers
     started = time.perf_counter()
     try:
-        await asyncio.gather(*(p.run(per, rate / PUBLISHERS if rate else None, k * 7) for k, p in enumerate(pubs)))
+        await asyncio.gather(*(p.run(per, rate / publishers if rate else None, k * 7) for k, p in enumerate(pubs)))
     finally:
         for p in pubs:
             p.transport.close()
-    return per * PUBLISHERS / (time.perf_counter() - started)
+    return per * publishers / (time.perf_counter() - started)
 
 
 class FanoutSubject:
@@ -222,8 +235,9 @@ class FanoutSubject:
         finally:
             ray.shutdown()
 
-    async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW) -> float:
-        return await _mqtt_publish(self.port, count, rate, f"fanout-{tag}", window)
+    async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW,
+                     publishers: int = PUBLISHERS) -> float:
+        return await _mqtt_publish(self.port, count, rate, f"fanout-{tag}", window, publishers)
 
     def consume(self, group: str, limit: int | None = None) -> tuple[int, float]:
         from fanout.topics.consume import consume
@@ -253,16 +267,17 @@ class RedisSubject:
         self.proc.terminate()
         self.proc.wait(10)
 
-    async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW) -> float:
+    async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW,
+                     publishers: int = PUBLISHERS) -> float:
         import redis.asyncio as aioredis
 
         topics = _topics()
         payload = b"x" * MSG_SIZE
-        clients = [aioredis.Redis(host="127.0.0.1", port=self.port) for _ in range(PUBLISHERS)]
-        per = count // PUBLISHERS
+        clients = [aioredis.Redis(host="127.0.0.1", port=self.port) for _ in range(publishers)]
+        per = count // publishers
 
         async def one(k: int, r: Any) -> None:
-            paced = Paced(per, rate / PUBLISHERS if rate else None)
+            paced = Paced(per, rate / publishers if rate else None)
             i = 0
             while i < per:  # a window of XADDs in one pipeline round trip, as a pipelining client does
                 n = min(window, per - i)
@@ -279,7 +294,7 @@ class RedisSubject:
         finally:
             for r in clients:
                 await r.aclose()
-        return per * PUBLISHERS / (time.perf_counter() - started)
+        return per * publishers / (time.perf_counter() - started)
 
     async def consume(self, group: str, limit: int | None = None) -> tuple[int, float]:
         import redis.asyncio as aioredis
@@ -335,14 +350,15 @@ class NatsSubject:
             self._ready = True
         return nc, js
 
-    async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW) -> float:
+    async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW,
+                     publishers: int = PUBLISHERS) -> float:
         subjects = [t.replace("/", ".") for t in _topics()]
         payload = b"x" * MSG_SIZE
-        conns = [await self._connect() for _ in range(PUBLISHERS)]
-        per = count // PUBLISHERS
+        conns = [await self._connect() for _ in range(publishers)]
+        per = count // publishers
 
         async def one(k: int, js: Any) -> None:
-            paced = Paced(per, rate / PUBLISHERS if rate else None)
+            paced = Paced(per, rate / publishers if rate else None)
             i = 0
             while i < per:  # a window of publishes awaiting their acks at once
                 n = min(window, per - i)
@@ -356,7 +372,7 @@ class NatsSubject:
         finally:
             for nc, _js in conns:
                 await nc.close()
-        return per * PUBLISHERS / (time.perf_counter() - started)
+        return per * publishers / (time.perf_counter() - started)
 
     async def consume(self, group: str, limit: int | None = None) -> tuple[int, float]:
         import nats.errors
@@ -423,16 +439,18 @@ async def run_system(name: str, make: Callable[[], Any], count: int, outage_s: f
             out["shards"] = subject.shards
         try:
             await subject.append(min(2000, count), tag="warm")  # warm-up (connections, first fsyncs)
-            for w in WINDOWS:
+            for p, w in APPEND_RUNS:
                 cpu = getattr(subject, "cpu_by_role", None)
                 before = cpu() if cpu else None
-                out[f"append_msgs_per_s_w{w}"] = round(await subject.append(count, tag=f"run{w}", window=w))
-                log(NAME, f"{name} append (window {w}): {out[f'append_msgs_per_s_w{w}']:,} msg/s")
+                sfx = append_suffix(p, w)
+                out[f"append_msgs_per_s_{sfx}"] = round(await subject.append(count, tag=f"run{p}x{w}", window=w,
+                                                                            publishers=p))
+                log(NAME, f"{name} append ({p} publishers, window {w}): {out[f'append_msgs_per_s_{sfx}']:,} msg/s")
                 if cpu:  # CPU µs per appended message per process role (ticks of 10 ms: whole phases only)
                     after = cpu()
                     per = {k: round(1e6 * (after[k] - before.get(k, 0.0)) / count, 1) for k in after}
-                    out[f"append_cpu_us_per_msg_w{w}"] = {k: v for k, v in sorted(per.items()) if v > 0}
-                    log(NAME, f"{name} append CPU µs/msg (window {w}): {out[f'append_cpu_us_per_msg_w{w}']}")
+                    out[f"append_cpu_us_per_msg_{sfx}"] = {k: v for k, v in sorted(per.items()) if v > 0}
+                    log(NAME, f"{name} append CPU µs/msg ({p} x {w}): {out[f'append_cpu_us_per_msg_{sfx}']}")
             if APPEND_ONLY:
                 return out
             await _maybe(subject.consume("warm"))  # the warm-up group reads everything once (caches)
@@ -462,9 +480,9 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     sysd = result["systems"]
     labels = [s for s in SYSTEMS if s in sysd]
-    grouped_bars(axes[0], [f"window {w}" for w in WINDOWS],
-                 {s: [sysd[s].get(f"append_msgs_per_s_w{w}") for w in WINDOWS] for s in labels},
-                 ylabel="msg/s", title=f"Durable append, 1 KB, {PUBLISHERS} publishers (ack = fsynced)")
+    grouped_bars(axes[0], [f"{p} x {w}" for p, w in APPEND_RUNS],
+                 {s: [sysd[s].get(f"append_msgs_per_s_{append_suffix(p, w)}") for p, w in APPEND_RUNS] for s in labels},
+                 ylabel="msg/s", title="Durable append, 1 KB, publishers x window (ack = fsynced)")
     for ax, key, title, target, tl in (
             (axes[1], "consume_msgs_per_s", "Group consumption with acks", TARGET_CONSUME, "50,000/s target"),
             (axes[2], "drain_s", f"Drain after a {result['outage_s']:.0f} s outage at {RATE:,}/s", TARGET_DRAIN_S,
@@ -483,7 +501,8 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     count = 20_000 if quick else 100_000
     outage_s = 10.0 if quick else 60.0
     result: dict[str, Any] = {**run_header(NAME, quick, started), "count": count, "msg_size": MSG_SIZE,
-                              "publishers": PUBLISHERS, "windows": list(WINDOWS), "lag_window": WINDOW, "page": PAGE, "rate": RATE,
+                              "publishers": PUBLISHERS, "windows": list(WINDOWS),
+                              "append_runs": [list(r) for r in APPEND_RUNS], "lag_window": WINDOW, "page": PAGE, "rate": RATE,
                               "outage_s": outage_s, "vins": VINS, "fanout_replicas": 1, "fanout_min_replicas_to_ack": 1,
                               "redis_appendfsync": "always", "nats_fsync_per_message": False,
                               "fanout_direct_channels": DIRECT_CHANNELS, "systems": {}}
@@ -496,12 +515,14 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
             result["systems"][name] = {"error": repr(exc)[:500]}
     f, r = result["systems"].get("fanout", {}), result["systems"].get("redis", {})
     result["ratios"] = {}
-    for w in WINDOWS:
-        a, b = f.get(f"append_msgs_per_s_w{w}"), r.get(f"append_msgs_per_s_w{w}")
-        result["ratios"][f"append_fanout_over_redis_w{w}"] = round(a / b, 3) if a and b else None
+    for p, w in APPEND_RUNS:
+        sfx = append_suffix(p, w)
+        a, b = f.get(f"append_msgs_per_s_{sfx}"), r.get(f"append_msgs_per_s_{sfx}")
+        result["ratios"][f"append_fanout_over_redis_{sfx}"] = round(a / b, 3) if a and b else None
     result["targets_met"] = {
-        **{f"append_ge_1x_redis_w{w}": (result["ratios"][f"append_fanout_over_redis_w{w}"] or 0) >= TARGET_APPEND_X_REDIS
-           for w in WINDOWS},
+        f"append_ge_1x_redis_{append_suffix(p, w)}":
+            (result["ratios"][f"append_fanout_over_redis_{append_suffix(p, w)}"] or 0) >= TARGET_APPEND_X_REDIS
+        for p, w in APPEND_RUNS
     }
     if not APPEND_ONLY:
         result["targets_met"]["consume_ge_50k"] = (f.get("consume_msgs_per_s") or 0) >= TARGET_CONSUME
