@@ -31,11 +31,13 @@ mosquitto:
 	@(command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto) && command -v mosquitto_sub >/dev/null || \
 		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients) >/dev/null)
 
-# Redis (Streams) and NATS (JetStream), the peers of benchmarks/topics_bench.py's durable topics (Debian packages).
+# Redis (Streams) and NATS (JetStream), the peers of benchmarks/topics_bench.py's durable topics (Debian packages;
+# redis-tools brings redis-benchmark, the compiled client that drives Redis in its append runs).
 peers:
 	@(command -v redis-server >/dev/null || test -x /usr/bin/redis-server) && \
+		(command -v redis-benchmark >/dev/null || test -x /usr/bin/redis-benchmark) && \
 		(command -v nats-server >/dev/null || test -x /usr/sbin/nats-server) || \
-		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server) >/dev/null)
+		((apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools nats-server) >/dev/null)
 
 # MQTT.js (Debian node-mqtt, run by nodejs with NODE_PATH=/usr/share/nodejs): a third-party MQTT 5 client
 # of tests/integration/test_mqtt5_clients.py (Debian packages, installed together).
@@ -74,7 +76,7 @@ run: install native
 	$(BIN)/python -m scripts.demo
 
 # FANOUT_EXPECT_NATIVE: tests/unit/test_native.py then fails if the hot path is not running compiled.
-test: install native java mosquitto nodemqtt chromium
+test: install native java mosquitto peers nodemqtt chromium
 	FANOUT_EXPECT_NATIVE=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-unit: install native

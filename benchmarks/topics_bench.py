@@ -8,19 +8,28 @@ Streams and NATS JetStream in the same run on the same machine.
   a deeply pipelining client), then 16 and 64 publishers at window 32 (the "many publishers" of issue 14: many
   platform services or vehicles, each a paho-like client). 4 x 32 keeps 128 messages in flight: there the figure
   is the commit latency of the whole path (docs/topics.md); the others keep 512 or more:
-  - fanout: MQTT 3.1.1 QoS 1 (the project's codec on raw asyncio sockets) to a durable topic ``ecp/+/response``;
-    a PUBACK comes once the append is fsynced on the primary AND on its replica (``fanout.replicas = 1``,
-    ``min_replicas_to_ack = 1``; default config otherwise: the shard count of ``fanout.dispatchers = 0``, 1 on
-    2 CPUs);
+  - fanout: MQTT 3.1.1 QoS 1 to a durable topic ``ecp/+/response``, published by compiled clients: one
+    ``cfleet publish`` process per publisher (``benchmarks/cfleet``, C; ``--request-prefix ''``: each VIN's own
+    topic, ``VINS`` of them shared out between the publishers); a PUBACK comes once the append is fsynced on the primary AND on its replica (``fanout.replicas =
+    1``, ``min_replicas_to_ack = 1``; default config otherwise: the shard count of ``fanout.dispatchers = 0``, 1
+    on 2 CPUs);
   - Redis Streams (Debian ``redis-server``, ``appendonly yes``, ``appendfsync always``): ``XADD`` pipelined
-    a window deep per client (redis-py asyncio), a reply = written and fsynced by the AOF;
+    a window deep per client by ``redis-benchmark`` (Debian ``redis-tools``, C: ``-c publishers -P window``), a
+    reply = written and fsynced by the AOF;
   - NATS JetStream (Debian ``nats-server -js``, file storage): ``js.publish`` with a window awaiting acks per
     client (nats-py). NATS 2.9 has no per-message fsync option (``sync_interval`` came with 2.10): its acks mean
-    written to the OS, fsynced every 2 minutes; recorded as ``nats_fsync_per_message: false``.
+    written to the OS, fsynced every 2 minutes; recorded as ``nats_fsync_per_message: false``. Its client is
+    Python (no compiled NATS client is packaged here): its figures may be its client's.
+  Why compiled clients: a Python client costs 10-46 µs of CPU per message on this machine; until 2026-12-01 the
+  append runs used redis-py, which held Redis Streams to its own pace (93-96 % of a CPU at 20-36k msg/s while
+  redis-server used a quarter of one; ``redis-benchmark`` drives the same server at 53-120k). The CPU of each
+  system's client per message is recorded (``append_client_cpu_us_per_msg_...``), so a client-bound figure shows.
   Figure: messages/s = count / (last ack - first send), as ``append_msgs_per_s_w<window>`` for 4 publishers and
   ``append_msgs_per_s_p<publishers>_w<window>`` for the others. Target: fanout >= 1.0x Redis (reported per run).
   For fanout also the CPU µs per appended message of each process role (``append_cpu_us_per_msg_...``, same
-  suffixes: node, dispatcher, replica, raylet, ..., and ``client``, this process's publishers), from ``/proc``.
+  suffixes: node, dispatcher, replica, raylet, ..., and ``client``: the cfleet processes and this one), from
+  ``/proc`` and cfleet's own report. The paced publishing of the ``lag`` phase and the consumers stay Python
+  (the project's codec on raw asyncio sockets, redis-py, nats-py).
 - ``consume``: one group reads all ``count`` messages from the start and acknowledges them, in pages:
   fanout through the dispatchers' ``topic_read`` / ``topic_commit`` (:func:`fanout.topics.consume.consume`, as
   ``fanout consume --ack`` does, ``page`` entries per partition per call), Redis ``XREADGROUP COUNT page`` +
@@ -58,6 +67,9 @@ WINDOW = 32  # unacknowledged messages per publisher by default
 WINDOWS = (32, 256)  # the append phase runs at each: a paho-like client, and a deeply pipelining one
 # (publishers, window) of the append runs: PUBLISHERS at each of WINDOWS, then many paho-like publishers
 APPEND_RUNS = tuple((PUBLISHERS, w) for w in WINDOWS) + ((16, 32), (64, 32))
+APPEND_CLIENTS = {"fanout": "cfleet publish (C), one process per publisher",
+                  "redis": "redis-benchmark (C), -c publishers -P window",
+                  "nats": "nats-py (Python), in the benchmark process"}
 VINS = 1000
 PAGE = 2000
 RATE = 5000
@@ -177,6 +189,81 @@ async def _mqtt_publish(port: int, count: int, rate: float | None, tag: str, win
     return per * publishers / (time.perf_counter() - started)
 
 
+# -- compiled clients of the append runs (see the module docstring) --------------------------------------------
+
+async def _client_process(argv: list[str]) -> str:
+    """Run one client process to its end; its stdout.
+
+    No ``preexec_fn`` (``die_with_parent``): without one the child is started by ``vfork``, not by copying this
+    process (~200 MB with Ray's client loaded, several ms per fork: 64 publishers would start over most of a second
+    of a run); the clients end by themselves within their time cap.
+
+    Raises:
+        RuntimeError: it exited non-zero (the message carries the end of its stderr).
+    """
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(argv[0]).name} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
+    return out.decode()
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # every child that ended and was waited for
+    return ru.ru_utime + ru.ru_stime
+
+
+async def cfleet_publishers(port: int, count: int, window: int, publishers: int,
+                            tag: str) -> tuple[float, float, int]:
+    """``publishers`` ``cfleet publish`` processes at once, ``window`` QoS 1 PUBLISHes unacknowledged each, together
+    at least ``count`` 1 KB messages round robin over their VINs' topics ``ecp/<VIN>/response`` (:data:`VINS` topics
+    shared out between them, as the Python publishers and redis-benchmark use).
+
+    Returns:
+        (messages/s from the first PUBLISH to the last PUBACK over all of them, their CPU seconds together, the
+        messages: ``count`` rounded up to whole rounds of every publisher's VINs).
+    """
+    from .cfleet_run import PublishSpec, build, parse_result
+
+    binary = build()
+    vins = max(1, VINS // publishers)
+    requests = -(-count // (publishers * vins))
+    specs = [PublishSpec(port=port, vehicles=vins, requests=requests, window=window, payload=MSG_SIZE,
+                         request_prefix="", client_id=f"{tag}-{k}", prefix="BENCH", digits=12, start=k * vins,
+                         topic_prefix="ecp/{VIN}/response", time_cap_s=120.0) for k in range(publishers)]
+    outs = [parse_result(o) for o in await asyncio.gather(*(_client_process(s.argv(binary)) for s in specs))]
+    acked = sum(o["pubacks"] for o in outs)
+    if acked != sum(o["publishes"] for o in outs) or any(o["status"] != "done" for o in outs):
+        raise RuntimeError(f"cfleet publish: {acked} PUBACKs for {sum(o['publishes'] for o in outs)} publishes, "
+                           f"status {sorted({o['status'] for o in outs})}")
+    first = min(o["first_publish_unix_us"] for o in outs)
+    last = max(o["last_puback_unix_us"] for o in outs)
+    return acked * 1e6 / (last - first), sum(o["cpu_s"] for o in outs), acked
+
+
+async def redis_benchmark(port: int, count: int, window: int, publishers: int) -> tuple[float, float]:
+    """``redis-benchmark`` XADDing ``count`` 1 KB entries to ``responses``: ``publishers`` connections, each
+    pipelining ``window`` XADDs per round trip, over :data:`VINS` topics.
+
+    Returns:
+        (requests/s as redis-benchmark reports them, its CPU seconds).
+    """
+    import csv
+
+    binary = shutil.which("redis-benchmark") or "/usr/bin/redis-benchmark"
+    cpu0 = _children_cpu_s()
+    out = await _client_process([binary, "-h", "127.0.0.1", "-p", str(port), "-c", str(publishers), "-P",
+                                 str(window), "-n", str(count), "-r", str(VINS), "--csv", "XADD", "responses", "*",
+                                 "topic", "ecp/BENCH__rand_int__/response", "payload", "x" * MSG_SIZE])
+    rows = [r for r in csv.reader(out.splitlines()) if len(r) > 1]
+    if len(rows) < 2 or rows[0][1] != "rps":
+        raise RuntimeError(f"redis-benchmark printed no rps: {out[-300:]!r}")
+    return float(rows[-1][1]), _children_cpu_s() - cpu0
+
+
 class FanoutSubject:
     """A fanout cluster in this process's Ray with the durable topic ``responses`` (``ecp/+/response``)."""
 
@@ -195,6 +282,8 @@ class FanoutSubject:
         cfg = cfg.replace("fanout", gc_interval="0s", replicas=1, min_replicas_to_ack=1)
         cfg = cfg.replace("cluster", direct_channels=DIRECT_CHANNELS)
         cfg = dataclasses.replace(cfg, topics=(TopicSpec.build("responses", "ecp/+/response"),))
+        self.client_cpu_s = 0.0  # of the compiled publishers so far
+        self.appended = 0  # messages of the last append
         ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 << 20,
                  resources={"fanout_node": 1}, log_to_driver=False, configure_logging=False,
                  _system_config=system_config(cfg))  # as `fanout up` starts Ray
@@ -217,7 +306,7 @@ class FanoutSubject:
         from .harness.cluster import _role
         from .harness.processes import proc_cpu_seconds
 
-        out: dict[str, float] = {"client": proc_cpu_seconds(os.getpid())}
+        out: dict[str, float] = {"client": proc_cpu_seconds(os.getpid()) + self.client_cpu_s}
         for child in psutil.Process().children(recursive=True):
             try:
                 cmd = child.cmdline()
@@ -237,7 +326,13 @@ class FanoutSubject:
 
     async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW,
                      publishers: int = PUBLISHERS) -> float:
-        return await _mqtt_publish(self.port, count, rate, f"fanout-{tag}", window, publishers)
+        if rate is not None:  # the lag phase's paced publishing
+            self.appended = count // publishers * publishers
+            return await _mqtt_publish(self.port, count, rate, f"fanout-{tag}", window, publishers)
+        msgs_per_s, cpu_s, self.appended = await cfleet_publishers(self.port, count, window, publishers,
+                                                                   f"fanout-{tag}")
+        self.client_cpu_s += cpu_s
+        return msgs_per_s
 
     def consume(self, group: str, limit: int | None = None) -> tuple[int, float]:
         from fanout.topics.consume import consume
@@ -262,6 +357,8 @@ class RedisSubject:
                                       "--appendonly", "yes", "--appendfsync", "always", "--save", "",
                                       "--protected-mode", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port)
+        self.client_cpu_s = 0.0  # of redis-benchmark so far
+        self.appended = 0  # messages of the last append
 
     def close(self) -> None:
         self.proc.terminate()
@@ -270,6 +367,18 @@ class RedisSubject:
     async def append(self, count: int, rate: float | None = None, tag: str = "a", window: int = WINDOW,
                      publishers: int = PUBLISHERS) -> float:
         import redis.asyncio as aioredis
+
+        if rate is None:
+            r = aioredis.Redis(host="127.0.0.1", port=self.port)
+            try:  # redis-benchmark rounds -n up to whole pipelines: the stream says how many it appended
+                before = await r.xlen("responses")
+                msgs_per_s, cpu_s = await redis_benchmark(self.port, count, window, publishers)
+                self.appended = await r.xlen("responses") - before
+            finally:
+                await r.aclose()
+            self.client_cpu_s += cpu_s
+            return msgs_per_s
+        self.appended = count // publishers * publishers  # the lag phase's paced publishing: redis-py
 
         topics = _topics()
         payload = b"x" * MSG_SIZE
@@ -334,6 +443,9 @@ class NatsSubject:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port)
         self._ready = False
+        self.client_cpu_s = 0.0  # nats-py in this process, during the appends
+        self.appended = 0  # messages of the last append
+
 
     def close(self) -> None:
         self.proc.terminate()
@@ -356,6 +468,7 @@ class NatsSubject:
         payload = b"x" * MSG_SIZE
         conns = [await self._connect() for _ in range(publishers)]
         per = count // publishers
+        self.appended = per * publishers
 
         async def one(k: int, js: Any) -> None:
             paced = Paced(per, rate / publishers if rate else None)
@@ -367,11 +480,13 @@ class NatsSubject:
                 i += n
 
         started = time.perf_counter()
+        cpu0 = time.process_time()
         try:
             await asyncio.gather(*(one(k, js) for k, (_nc, js) in enumerate(conns)))
         finally:
             for nc, _js in conns:
                 await nc.close()
+        self.client_cpu_s += time.process_time() - cpu0
         return per * publishers / (time.perf_counter() - started)
 
     async def consume(self, group: str, limit: int | None = None) -> tuple[int, float]:
@@ -443,12 +558,16 @@ async def run_system(name: str, make: Callable[[], Any], count: int, outage_s: f
                 cpu = getattr(subject, "cpu_by_role", None)
                 before = cpu() if cpu else None
                 sfx = append_suffix(p, w)
+                client0 = subject.client_cpu_s
                 out[f"append_msgs_per_s_{sfx}"] = round(await subject.append(count, tag=f"run{p}x{w}", window=w,
                                                                             publishers=p))
-                log(NAME, f"{name} append ({p} publishers, window {w}): {out[f'append_msgs_per_s_{sfx}']:,} msg/s")
+                n = subject.appended  # count, or a little more or less: whole rounds of every publisher
+                out[f"append_client_cpu_us_per_msg_{sfx}"] = round(1e6 * (subject.client_cpu_s - client0) / n, 1)
+                log(NAME, f"{name} append ({p} publishers, window {w}): {out[f'append_msgs_per_s_{sfx}']:,} msg/s, "
+                          f"client {out[f'append_client_cpu_us_per_msg_{sfx}']} µs/msg")
                 if cpu:  # CPU µs per appended message per process role (ticks of 10 ms: whole phases only)
                     after = cpu()
-                    per = {k: round(1e6 * (after[k] - before.get(k, 0.0)) / count, 1) for k in after}
+                    per = {k: round(1e6 * (after[k] - before.get(k, 0.0)) / n, 1) for k in after}
                     out[f"append_cpu_us_per_msg_{sfx}"] = {k: v for k, v in sorted(per.items()) if v > 0}
                     log(NAME, f"{name} append CPU µs/msg ({p} x {w}): {out[f'append_cpu_us_per_msg_{sfx}']}")
             if APPEND_ONLY:
@@ -482,9 +601,10 @@ def plot(result: dict[str, Any], name: str, out_dir: str | Path | None) -> Path:
     labels = [s for s in SYSTEMS if s in sysd]
     grouped_bars(axes[0], [f"{p} x {w}" for p, w in APPEND_RUNS],
                  {s: [sysd[s].get(f"append_msgs_per_s_{append_suffix(p, w)}") for p, w in APPEND_RUNS] for s in labels},
-                 ylabel="msg/s", title="Durable append, 1 KB, publishers x window (ack = fsynced)")
+                 ylabel="msg/s", title="Durable append, 1 KB, publishers x window (fanout, Redis: C clients)")
     for ax, key, title, target, tl in (
-            (axes[1], "consume_msgs_per_s", "Group consumption with acks", TARGET_CONSUME, "50,000/s target"),
+            (axes[1], "consume_msgs_per_s", "Group consumption with acks (Python clients)", TARGET_CONSUME,
+             "50,000/s target"),
             (axes[2], "drain_s", f"Drain after a {result['outage_s']:.0f} s outage at {RATE:,}/s", TARGET_DRAIN_S,
              "10 s target")):
         grouped_bars(ax, labels, {key: [sysd[s].get(key) for s in labels]}, ylabel=key, title=title, target=target,
@@ -505,6 +625,7 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
                               "append_runs": [list(r) for r in APPEND_RUNS], "lag_window": WINDOW, "page": PAGE, "rate": RATE,
                               "outage_s": outage_s, "vins": VINS, "fanout_replicas": 1, "fanout_min_replicas_to_ack": 1,
                               "redis_appendfsync": "always", "nats_fsync_per_message": False,
+                              "append_clients": dict(APPEND_CLIENTS),
                               "fanout_direct_channels": DIRECT_CHANNELS, "systems": {}}
     makers = {"fanout": FanoutSubject, "redis": RedisSubject, "nats": NatsSubject}
     for name in SYSTEMS:

@@ -224,7 +224,7 @@ static void usage(FILE *f) {
           "publish:\n"
           "  --window W            unacknowledged PUBLISHes at most (default 128)\n"
           "  --payload B           payload bytes, stamped with the send time (default 256)\n"
-          "  --request-prefix S    request id S-00001 ... (default req)\n"
+          "  --request-prefix S    request id S-00001 ... (default req; empty: no request id, the VIN's topic)\n"
           "  --client-id S         the publisher's client id (default cfleet-platform)\n",
           f);
 }

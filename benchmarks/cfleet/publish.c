@@ -2,7 +2,8 @@
  *
  * One connection; for each request r = 1..R and each vehicle: a QoS 1 PUBLISH on
  * agent/<VIN>/proxy/request/<request_prefix>-<r, 5 digits>, request after request, with at most --window
- * packet ids unacknowledged. The payload starts with the SDVt send-time header (stamped once per
+ * packet ids unacknowledged. An empty --request-prefix publishes on the VIN's topic itself (the --topic-prefix
+ * with the VIN in it: one topic per vehicle, as a vehicle's responses have). The payload starts with the SDVt send-time header (stamped once per
  * refill, the moment the refill is written) so the fleet measures each delivery's latency. Each refill is
  * one write; PUBACKs free packet ids and trigger the next refill. Prints one JSON object at the end.
  */
@@ -63,6 +64,7 @@ int run_publish(const struct options *o) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     long n = o->vehicles;
+    int with_rid = o->request_prefix[0] != '\0';
     /* topic = "<delivery prefix of the VIN>/<request id>": the prefixes once, the request id appended */
     size_t per = MAX_TOPIC;
     char *prefixes = malloc((size_t)n * per);
@@ -74,7 +76,8 @@ int run_publish(const struct options *o) {
         format_vin(vin, o, i);
         char *p = prefixes + (size_t)i * per;
         size_t pl = delivery_prefix(p, MAX_TOPIC - 32, o->topic_prefix, vin);
-        p[pl++] = '/';
+        if (with_rid)
+            p[pl++] = '/';
         prefix_len[i] = (uint16_t)pl;
     }
     size_t payload_len = (size_t)o->payload;
@@ -130,7 +133,7 @@ int run_publish(const struct options *o) {
             size_t len = 0;
             while (outstanding < window && sent < total) {
                 long r = (long)(sent / (uint64_t)n), i = (long)(sent % (uint64_t)n);
-                if (r != rid_for) {
+                if (r != rid_for && with_rid) {
                     rid_len = (size_t)snprintf(rid, sizeof rid, "%s-%05ld", o->request_prefix, r + 1);
                     rid_for = r;
                 }

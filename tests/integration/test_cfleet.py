@@ -153,6 +153,23 @@ def test_every_publish_is_received_and_acknowledged_once(mosquitto: PeerBroker) 
     _consistent(r)
 
 
+def test_publish_without_request_ids_uses_one_topic_per_vehicle(mosquitto: PeerBroker) -> None:
+    """``--request-prefix ''`` (topics_bench's durable appends): every PUBLISH on the VIN's own topic, acknowledged."""
+    vehicles, requests = 20, 3
+    observer = Observer(mosquitto.port, "ecp/#")
+    try:
+        pub = run_publish(PublishSpec(mosquitto.port, vehicles, requests, start=7001, prefix="BENCH", digits=12,
+                                      topic_prefix="ecp/{VIN}/response", request_prefix="", payload=1024, window=8,
+                                      client_id="cfleet-no-rid", time_cap_s=CAP_S))
+        wait_until(lambda: len(observer.topics) >= vehicles * requests, 5.0, "every publish at the observer")
+        got = list(observer.topics)
+    finally:
+        observer.close()
+    assert pub["status"] == "done" and pub["publishes"] == pub["pubacks"] == vehicles * requests
+    expected = {f"ecp/BENCH{7001 + i:012d}/response" for i in range(vehicles)}
+    assert set(got) == expected and len(got) == vehicles * requests
+
+
 def test_pubacks_reached_the_broker_and_dup_redelivery_is_acknowledged(mosquitto: PeerBroker) -> None:
     """Persistent sessions: whatever the fleet did not PUBACK, Mosquitto would resend on reconnect."""
     vehicles, requests, start = 50, 2, 1001
