@@ -10,9 +10,9 @@ Streams and NATS JetStream in the same run on the same machine.
   is the commit latency of the whole path (docs/topics.md); the others keep 512 or more:
   - fanout: MQTT 3.1.1 QoS 1 to a durable topic ``ecp/+/response``, published by compiled clients: one
     ``cfleet publish`` process per publisher (``benchmarks/cfleet``, C; ``--request-prefix ''``: each VIN's own
-    topic, ``VINS`` of them shared out between the publishers); a PUBACK comes once the append is fsynced on the primary AND on its replica (``fanout.replicas =
-    1``, ``min_replicas_to_ack = 1``; default config otherwise: the shard count of ``fanout.dispatchers = 0``, 1
-    on 2 CPUs);
+    topic, ``VINS`` of them shared out between the publishers); a PUBACK comes once the append is fsynced on the
+    primary AND on its replica (``fanout.replicas = 1``, ``min_replicas_to_ack = 1``; default config otherwise: the
+    shard count of ``fanout.dispatchers = 0``, 1 on 2 CPUs);
   - Redis Streams (Debian ``redis-server``, ``appendonly yes``, ``appendfsync always``): ``XADD`` pipelined
     a window deep per client by ``redis-benchmark`` (Debian ``redis-tools``, C: ``-c publishers -P window``), a
     reply = written and fsynced by the AOF;
@@ -446,7 +446,6 @@ class NatsSubject:
         self.client_cpu_s = 0.0  # nats-py in this process, during the appends
         self.appended = 0  # messages of the last append
 
-
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
@@ -622,7 +621,8 @@ def run(quick: bool = False, *, out_dir: str | Path | None = None) -> dict[str, 
     outage_s = 10.0 if quick else 60.0
     result: dict[str, Any] = {**run_header(NAME, quick, started), "count": count, "msg_size": MSG_SIZE,
                               "publishers": PUBLISHERS, "windows": list(WINDOWS),
-                              "append_runs": [list(r) for r in APPEND_RUNS], "lag_window": WINDOW, "page": PAGE, "rate": RATE,
+                              "append_runs": [list(r) for r in APPEND_RUNS], "lag_window": WINDOW, "page": PAGE,
+                              "rate": RATE,
                               "outage_s": outage_s, "vins": VINS, "fanout_replicas": 1, "fanout_min_replicas_to_ack": 1,
                               "redis_appendfsync": "always", "nats_fsync_per_message": False,
                               "append_clients": dict(APPEND_CLIENTS),

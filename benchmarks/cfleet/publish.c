@@ -3,8 +3,8 @@
  * One connection; for each request r = 1..R and each vehicle: a QoS 1 PUBLISH on
  * agent/<VIN>/proxy/request/<request_prefix>-<r, 5 digits>, request after request, with at most --window
  * packet ids unacknowledged. An empty --request-prefix publishes on the VIN's topic itself (the --topic-prefix
- * with the VIN in it: one topic per vehicle, as a vehicle's responses have). The payload starts with the SDVt send-time header (stamped once per
- * refill, the moment the refill is written) so the fleet measures each delivery's latency. Each refill is
+ * with the VIN in it: one topic per vehicle, as a vehicle's responses have). The payload starts with the SDVt
+ * send-time header (stamped once per refill, the moment the refill is written) so the fleet measures each delivery's latency. Each refill is
  * one write; PUBACKs free packet ids and trigger the next refill. Prints one JSON object at the end.
  */
 #include "cfleet.h"
