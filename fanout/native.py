@@ -2,20 +2,22 @@
 
 ``make`` compiles the modules of :data:`COMPILED` with mypyc (``python -m scripts.build_native``) into
 ``fanout/_compiled/`` (laid out like the project: ``fanout/mqtt/``, ``fanout/node/``, ``fanout/dispatcher/``,
-``storage/``) together with the digest of the sources they were compiled from. This module decides once per
-process, at its import, whether they are used (:data:`STATUS`); each compiled package's ``__init__`` then calls
-:func:`extend_path`, which puts the package's compiled directory in front of its ``__path__``, so that ``import
-fanout.mqtt.codec`` loads the extension module instead of ``codec.py``. The Python sources stay the reference:
-they are what runs when nothing was compiled (no C compiler), when the compiled modules are stale (a source edited
-since the build: the digest no longer matches, so an edit is never shadowed by old machine code), and when
-``FANOUT_NATIVE=0``. All modules or none: they are one build (mypyc's shared library holds the code of all of
-them).
+``fanout/topics/``, ``storage/``) together with the digest of the sources they were compiled from. This module
+decides once per process, at its import, whether they are used (:data:`STATUS`); each compiled package's
+``__init__`` then calls :func:`extend_path`, which puts the package's compiled directory in front of its
+``__path__``, so that ``import fanout.mqtt.codec`` loads the extension module instead of ``codec.py``. The Python
+sources stay the reference: they are what runs when nothing was compiled (no C compiler), when the compiled modules
+are stale (a source edited since the build: the digest no longer matches, so an edit is never shadowed by old
+machine code), and when ``FANOUT_NATIVE=0``. All modules or none: they are one build (mypyc's shared library holds
+the code of all of them).
 
-Why these modules (docs/profile.md, sixteenth to eighteenth rounds): the MQTT codec, session bookkeeping and
-connect path run on every delivery, connect and heartbeat; the node core turns each broker event into a
-dispatcher event and executes each delivery; the dispatcher's per-VIN machine and row reads run per delivery
+Why these modules (docs/profile.md, sixteenth to eighteenth and twenty-first rounds): the MQTT codec, session
+bookkeeping and connect path run on every delivery, connect and heartbeat; the node core turns each broker event
+into a dispatcher event and executes each delivery; the dispatcher's per-VIN machine and row reads run per delivery
 and per connect; the store's apply path (``storage.batch_apply`` and the row outcomes, receipts and request
-counters it calls) runs once per delivery on the primary and again on every replica.
+counters it calls) runs once per delivery on the primary and again on every replica; the node's side of a durable
+append (``fanout.node.topic_appends``, the topic matcher and the append records of ``fanout.topics``, twenty-first
+round) runs once per publish on a durable topic.
 
 This module imports nothing of the project (``storage`` imports it too, below its layer: it is the switch, not
 a dependency on ``fanout``'s code).
@@ -37,7 +39,8 @@ COMPILED = (
     "fanout.mqtt.inbound", "fanout.mqtt.subscriptions", "fanout.mqtt.auth", "fanout.mqtt.topics",
     "fanout.mqtt.trie", "fanout.mqtt.lifecycle", "fanout.mqtt.deadlines", "fanout.mqtt.retained",
     "fanout.mqtt.expiry", "fanout.mqtt.decoder5", "fanout.mqtt.connack_hold", "fanout.mqtt.wills",
-    "fanout.node.core", "fanout.node.topic_groups", "fanout.node.delivery_topic",
+    "fanout.node.core", "fanout.node.topic_groups", "fanout.node.delivery_topic", "fanout.node.topic_appends",
+    "fanout.topics.matcher", "fanout.topics.records",
     "fanout.dispatcher.machine", "fanout.dispatcher.rows", "fanout.dispatcher.core",
     "storage.batch_apply", "storage.row_outcomes", "storage.request_stats", "storage.topic_apply",
     "storage.queue_cursor",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]  # no stubs; compiled (fanout.native): Any to mypyc
 
 # MQTT 5 properties of a PUBLISH kept in the log with its payload (topics-spec: "properties worth keeping")
 KEPT_PROPERTIES = ("payload_format_indicator", "content_type", "response_topic", "correlation_data")
