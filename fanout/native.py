@@ -17,7 +17,8 @@ into a dispatcher event and executes each delivery; the dispatcher's per-VIN mac
 and per connect; the store's apply path (``storage.batch_apply`` and the row outcomes, receipts and request
 counters it calls) runs once per delivery on the primary and again on every replica; the node's side of a durable
 append (``fanout.node.topic_appends``, the topic matcher and the append records of ``fanout.topics``, twenty-first
-round) runs once per publish on a durable topic.
+round) runs once per publish on a durable topic; the broker's events (``fanout.mqtt.events``) are built once per
+acknowledgement, heartbeat, append and presence change.
 
 This module imports nothing of the project (``storage`` imports it too, below its layer: it is the switch, not
 a dependency on ``fanout``'s code).
@@ -39,6 +40,7 @@ COMPILED = (
     "fanout.mqtt.inbound", "fanout.mqtt.subscriptions", "fanout.mqtt.auth", "fanout.mqtt.topics",
     "fanout.mqtt.trie", "fanout.mqtt.lifecycle", "fanout.mqtt.deadlines", "fanout.mqtt.retained",
     "fanout.mqtt.expiry", "fanout.mqtt.decoder5", "fanout.mqtt.connack_hold", "fanout.mqtt.wills",
+    "fanout.mqtt.events",
     "fanout.node.core", "fanout.node.topic_groups", "fanout.node.delivery_topic", "fanout.node.topic_appends",
     "fanout.topics.matcher", "fanout.topics.records",
     "fanout.dispatcher.machine", "fanout.dispatcher.rows", "fanout.dispatcher.core",

@@ -37,7 +37,8 @@ import structlog
 
 from .codec import encode_publish, encode_publish5, encode_pubrel
 from .connection import Connection
-from .hooks import DeliveryDropped, DeliverStatus, new_delivered, new_local_publish
+from .events import Delivered, DeliveryDropped, LocalPublish
+from .hooks import DeliverStatus
 from .fanout5 import fanout5, publish_parts
 from .message5 import MsgProps, message_props, out_publish, publish_bytes
 from .property_block import topic_alias_property
@@ -339,7 +340,7 @@ class Delivery:
                          props: MsgProps | None = None) -> int:
         """Publish a server-originated message (will, $SYS): routed, and forwarded when enabled."""
         if self._st.forward:
-            self._emit(new_local_publish(client_id, topic, payload, qos, retain, None))
+            self._emit(LocalPublish(client_id, topic, payload, qos, retain, None))
         return self.route(topic, payload, qos, retain, props)
 
     def _publish(self, conn: Connection, m: OutMsg, pid: int, dup: bool, resend: bool = False) -> bytes | None:
@@ -500,7 +501,7 @@ class Delivery:
         del inflight[pid]
         s.bytes -= m.size
         if m.tag is not None:
-            self._emit(new_delivered(s.client_id, m.tag, 1))
+            self._emit(Delivered(s.client_id, m.tag, 1))
         if s.queue:
             self.drain(s)
 
@@ -517,7 +518,7 @@ class Delivery:
             self._st.acks_unknown += 1
             return
         if m.tag is not None:
-            self._emit(new_delivered(s.client_id, m.tag, 2))
+            self._emit(Delivered(s.client_id, m.tag, 2))
         if s.queue:
             self.drain(s)
 
@@ -607,7 +608,7 @@ class Delivery:
                 self._write(c, data)
             st.pub_sent += 1
             if tag is not None:
-                self._emit(new_delivered(client_id, tag, 0))
+                self._emit(Delivered(client_id, tag, 0))
             return _SENT
         m = OutMsg(topic, payload, qos, False, tag, dup, props)
         if c.v5 is not None or props is not None:

@@ -24,7 +24,7 @@ from .link5 import negative_ack5
 from .log_level import enabled as log_enabled
 from .connection import CONNECTED, Connection
 from .delivery import Delivery
-from .hooks import new_heartbeat, new_ingest_ticket, new_local_publish
+from .events import Heartbeat, IngestTicket, LocalPublish
 from .lifecycle import Lifecycle
 from .packets import Publish, Pubrel
 from .state import BrokerState
@@ -78,9 +78,9 @@ class Inbound:
                 self.ingest(conn, p)
                 return
             if st.heartbeat_prefix is not None and topic.startswith(st.heartbeat_prefix):
-                self._emit(new_heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
+                self._emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if st.forward:
-                self._emit(new_local_publish(conn.client_id, topic, p.payload, qos, p.retain, None))
+                self._emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain, None))
             durable = st.durable
             if durable is not None and durable(topic):  # routed now, acknowledged once appended
                 if self.ingest(conn, p, routed=True):
@@ -163,7 +163,7 @@ class Inbound:
                 return False
             pending[pid] = p.qos
         props = getattr(p, "properties", None)  # MQTT 5 (Publish5); a 3.1.1 Publish has none
-        self._emit(new_ingest_ticket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
+        self._emit(IngestTicket(conn.client_id, conn.generation, pid, p.topic, p.payload, p.qos, p.retain, p.dup,  # type: ignore[arg-type]
                                 props, routed))
         return True
 

@@ -26,7 +26,7 @@ from .codec import encode_puback, encode_puback5, encode_pubrec5
 from .connection import Connection
 from .delivery import Delivery
 from .errors import ProtocolError
-from .hooks import new_heartbeat, new_local_publish
+from .events import Heartbeat, LocalPublish
 from .inbound import Inbound
 from .lifecycle import Lifecycle
 from .message5 import forwarded_properties, message_props
@@ -131,9 +131,9 @@ class Inbound5:
                 self._inbound.ingest(conn, p)
                 return
             if st.heartbeat_prefix is not None and topic.startswith(st.heartbeat_prefix):
-                st.emit(new_heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
+                st.emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if st.forward:
-                st.emit(new_local_publish(conn.client_id, topic, p.payload, qos, p.retain,
+                st.emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain,
                                           forwarded_properties(props) if msg is not None else None))
             durable = st.durable
             if durable is not None and durable(topic):  # routed now, acknowledged once appended

@@ -41,7 +41,7 @@ from .connection import CONNECTED, CONNECTING, Connection
 from .delivery import Delivery
 from .errors import ProtocolError, UnsupportedProtocol
 from .expiry import SessionExpiry
-from .hooks import new_client_connected, new_client_disconnected
+from .events import ClientConnected, ClientDisconnected
 from .link5 import CONNACK_CODE_5, NEVER_EXPIRES, Link5, connack_properties, keepalive_s, refusal5, session_expiry_s
 from .log_level import enabled as log_enabled
 from .login_guard import peer_host
@@ -266,7 +266,7 @@ class Lifecycle:
             if st.events is not None:
                 resent, queued = s.tags()
             self._delivery.resume(s)
-        st.emit(new_client_connected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
+        st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
                                      principal.vehicle))
         if log_enabled(INFO):  # filtered out, the call alone costs ~3 µs per connect (fanout.mqtt.log_level)
             log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
@@ -389,7 +389,7 @@ class Lifecycle:
                 self.wills.add(s.client_id, st.now + delay * 1000, w)  # 3.1.3.2.2: published later, or never
             else:
                 self.publish_will(s.client_id, w)  # MQTT-3.1.2-8
-        st.emit(new_client_disconnected(s.client_id, conn.generation, reason, published, kept, tags))
+        st.emit(ClientDisconnected(s.client_id, conn.generation, reason, published, kept, tags))
         if log_enabled(INFO):
             log.info("mqtt client disconnected", client_id=s.client_id, peer=conn.peer, reason=reason,
                      will_published=published, session_kept=kept, generation=conn.generation)

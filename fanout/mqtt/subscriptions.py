@@ -15,7 +15,7 @@ import structlog
 from .codec import encode_suback, encode_unsuback
 from .connection import Connection
 from .delivery import Delivery
-from .hooks import Unsubscribed, new_subscribed
+from .events import Subscribed, Unsubscribed
 from .packets import SUBACK_FAILURE, Subscribe, Unsubscribe
 from .session import Session
 from .state import BrokerState
@@ -60,7 +60,7 @@ class Subscriptions:
         for topic_filter, qos in granted:
             self._delivery.replay_retained(s, topic_filter, qos)
         if granted:
-            st.emit(new_subscribed(cid, conn.generation, tuple(granted), ()))
+            st.emit(Subscribed(cid, conn.generation, tuple(granted), ()))
 
     def _claimed_inner(self, topic_filter: str) -> str | None:
         """The inner filter of a ``$share/<group>/<filter>`` the hooks serve (``BrokerHooks.claims_shared``),

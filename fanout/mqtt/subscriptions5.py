@@ -24,7 +24,7 @@ import structlog
 from .codec import encode_suback5, encode_unsuback5
 from .connection import Connection
 from .delivery import Delivery
-from .hooks import Unsubscribed, new_subscribed
+from .events import Subscribed, Unsubscribed
 from .packets5 import Subscribe5, Unsubscribe5
 from .reason_codes import ReasonCode as RC
 from .session import Session
@@ -108,7 +108,7 @@ class Subscriptions5:
         for topic_filter, qos in replay:
             self._delivery.replay_retained(s, topic_filter, qos, sub_ids)
         if granted:
-            st.emit(new_subscribed(cid, conn.generation, tuple(granted), p.properties.user_properties))
+            st.emit(Subscribed(cid, conn.generation, tuple(granted), p.properties.user_properties))
 
     def on_unsubscribe(self, conn: Connection, p: Unsubscribe5) -> None:
         st = self._st

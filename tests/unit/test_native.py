@@ -79,7 +79,7 @@ def test_the_python_sources_pass_the_hot_path_tests() -> None:
              "tests/unit/test_dispatch_machine.py", "tests/unit/test_dispatcher_core.py",
              "tests/unit/test_storage_shard.py", "tests/unit/test_receipts.py", "tests/unit/test_request_stats.py",
              "tests/unit/test_storage_props.py", "tests/unit/test_topics_appends.py",
-             "tests/unit/test_topics_matcher.py", "tests/unit/test_topics_records.py"]
+             "tests/unit/test_topics_matcher.py", "tests/unit/test_topics_records.py", "tests/unit/test_mqtt_events.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
