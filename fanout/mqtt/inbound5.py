@@ -134,7 +134,7 @@ class Inbound5:
                 st.emit(Heartbeat(conn.client_id, conn.generation, topic, p.payload))  # type: ignore[arg-type]
             if st.forward:
                 st.emit(LocalPublish(conn.client_id, topic, p.payload, qos, p.retain,
-                                          forwarded_properties(props) if msg is not None else None))
+                                     forwarded_properties(props) if msg is not None else None))
             durable = st.durable
             if durable is not None and durable(topic):  # routed now, acknowledged once appended
                 if topic is not p.topic or props.topic_alias is not None:  # the ticket names the topic itself

@@ -267,7 +267,7 @@ class Lifecycle:
                 resent, queued = s.tags()
             self._delivery.resume(s)
         st.emit(ClientConnected(cid, conn.generation, present, principal.username, principal.role, resent, queued,
-                                     principal.vehicle))
+                                principal.vehicle))
         if log_enabled(INFO):  # filtered out, the call alone costs ~3 µs per connect (fanout.mqtt.log_level)
             log.info("mqtt client connected", client_id=cid, peer=conn.peer, username=principal.username,
                      role=principal.role, clean_session=clean_start, session_present=present,
