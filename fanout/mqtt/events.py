@@ -6,7 +6,8 @@ change, and a compiled constructor is a C call where a frozen dataclass's (or th
 they had before) is interpreted code setting each field in turn; mypyc keeps a dataclass's generated ``__init__``
 interpreted. Values, not records to mutate: equal when of the same class with equal fields, hashable, a
 dataclass-like ``repr`` (:class:`_Event`); nothing assigns to an event after the broker built it.
-:mod:`fanout.mqtt.hooks` re-exports every class (import them from there).
+:mod:`fanout.mqtt.hooks` re-exports every class for embeddings and tests; the broker's own compiled modules import
+them from here, which is what lets mypyc build them with a direct native call.
 """
 from __future__ import annotations
 
@@ -28,9 +29,6 @@ class _Event:
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and isinstance(other, _Event) and self.values() == other.values()
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.values()))
